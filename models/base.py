@@ -1,0 +1,323 @@
+"""The protocol every model family follows.
+
+A family is *what a model is*: a pydantic schema for its hyperparameters, an
+observation schema with validation, its parameters with their constraints, and
+vectorised ``log_prior`` / ``log_likelihood``.  The sampler only ever sees the
+unconstrained parameter vector ``theta: [M, D]``; :class:`ParameterSpace` maps
+it to named constrained tensors with ``torch.distributions.biject_to`` and
+returns the log-|Jacobian| that turns the prior density on the constrained
+space into a density on R^D (standard change of variables, e.g. NumPyro's
+``biject_to`` / Stan reference manual, "Changes of variables").
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch.distributions import biject_to, constraints
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+class ObservationError(ValueError):
+    """An observation block failed validation.
+
+    Attributes
+    ----------
+    field : str
+        ``"x"`` or ``"y"`` (or ``"seq"`` and friends at the service layer).
+    row : int | None
+        0-based row inside the chunk, when the problem is in one row.
+    reason : str
+        Human-readable reason.
+    """
+
+    def __init__(self, field: str, reason: str, row: int | None = None):
+        self.field = field
+        self.row = row
+        self.reason = reason
+        where = f"{field}[{row}]" if row is not None else field
+        super().__init__(f"{where}: {reason}")
+
+
+class HyperParams(BaseModel):
+    """Base class of every family's hyperparameter schema (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """One named parameter: its constrained shape and its support."""
+
+    name: str
+    shape: tuple[int, ...]
+    constraint: constraints.Constraint = constraints.real
+
+    @property
+    def transform(self) -> torch.distributions.Transform:
+        return biject_to(self.constraint)
+
+    @property
+    def unconstrained_shape(self) -> tuple[int, ...]:
+        return tuple(self.transform.inverse_shape(torch.Size(self.shape)))
+
+    @property
+    def unconstrained_size(self) -> int:
+        return int(math.prod(self.unconstrained_shape))
+
+
+class ParameterSpace:
+    """Maps ``theta: [M, D]`` (unconstrained) to named constrained tensors.
+
+    Parameters
+    ----------
+    specs : sequence of ParameterSpec
+        In the order their blocks appear in ``theta``.
+    """
+
+    def __init__(self, specs: Sequence[ParameterSpec]):
+        self.specs = tuple(specs)
+        self.slices: dict[str, slice] = {}
+        start = 0
+        for spec in self.specs:
+            size = spec.unconstrained_size
+            self.slices[spec.name] = slice(start, start + size)
+            start += size
+        self.dim = start
+
+    def constrain(self, theta: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Unconstrained ``theta: [M, D]`` -> ({name: [M, *shape]}, log|J|: [M]).
+
+        ``log|J|`` is the sum of each transform's ``log_abs_det_jacobian``
+        (``torch.distributions.Transform``), reduced over event dimensions.
+        """
+        M = theta.shape[0]
+        values: dict[str, torch.Tensor] = {}
+        log_det = theta.new_zeros(M)
+        for spec in self.specs:
+            u = theta[:, self.slices[spec.name]].reshape(M, *spec.unconstrained_shape)
+            t = spec.transform
+            c = t(u)
+            ld = t.log_abs_det_jacobian(u, c)
+            log_det = log_det + ld.reshape(M, -1).sum(-1)
+            values[spec.name] = c
+        return values, log_det
+
+    def unconstrain(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Inverse of :meth:`constrain`: ({name: [M, *shape]}) -> ``theta: [M, D]``."""
+        parts = []
+        for spec in self.specs:
+            c = values[spec.name]
+            u = spec.transform.inv(c)
+            parts.append(u.reshape(c.shape[0], -1))
+        return torch.cat(parts, dim=-1)
+
+
+class Family(ABC):
+    """A model family: hyperparameters fixed, parameters ``theta`` unknown.
+
+    Subclasses set ``name`` and ``Params`` and implement :meth:`parameter_specs`,
+    :meth:`observation_schema`, :meth:`validate`, :meth:`log_prior_constrained`,
+    :meth:`log_likelihood_constrained` and :meth:`sample_prior_constrained`.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type[HyperParams]]
+    #: Number of stream values a family conditions on before its first
+    #: observation (the autoregressive order); 0 for i.i.d. families.
+    context_size: int = 0
+
+    def __init__(self, params: HyperParams | dict[str, Any] | None = None):
+        if not isinstance(params, HyperParams):
+            params = self.Params.model_validate(params or {})
+        self.params = params
+        self.space = ParameterSpace(self.parameter_specs())
+
+    # ----- declared by each family ---------------------------------------------------------
+    @abstractmethod
+    def parameter_specs(self) -> list[ParameterSpec]:
+        """The parameters with their constrained shapes and supports."""
+
+    @abstractmethod
+    def observation_schema(self) -> dict[str, Any]:
+        """JSON-able schema of one observation: ``{"x": d | None, "y": [] | [d], "y_type": "real" | "label", "classes": K | None}``."""
+
+    @abstractmethod
+    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Check a block and return ``(x: [B, d] | None, y: [B] | [B, d])`` as float64 tensors.
+
+        Raises
+        ------
+        ObservationError
+            Naming the field, the row and the reason (shape, dtype, label range, NaN/inf).
+        """
+
+    @abstractmethod
+    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Log prior density of the constrained parameters, ``[M]`` (nats)."""
+
+    @abstractmethod
+    def log_likelihood_constrained(
+        self, values: dict[str, torch.Tensor], x: torch.Tensor | None, y: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-observation log-likelihood ``[M, B]`` (nats)."""
+
+    @abstractmethod
+    def sample_prior_constrained(
+        self, generator: torch.Generator, M: int, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, torch.Tensor]:
+        """Draw ``M`` parameter sets from the prior, ``{name: [M, *shape]}``."""
+
+    # ----- derived --------------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        """``D``, the length of the unconstrained parameter vector."""
+        return self.space.dim
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """Log prior density of unconstrained ``theta: [M, D]``, ``[M]`` (nats), log-|J| included."""
+        values, log_det = self.space.constrain(theta)
+        return self.log_prior_constrained(values) + log_det
+
+    def log_likelihood(
+        self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor
+    ) -> torch.Tensor:
+        """``log p(y_b | x_b, theta_m)``: ``theta: [M, D]``, ``x: [B, d]``, ``y: [B, ...]`` -> ``[M, B]``."""
+        values, _ = self.space.constrain(theta)
+        return self.log_likelihood_constrained(values, x, y)
+
+    def sample_prior(
+        self,
+        generator: torch.Generator,
+        M: int,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """``M`` prior draws as unconstrained ``theta: [M, D]``."""
+        values = self.sample_prior_constrained(generator, M, dtype, torch.device(device))
+        return self.space.unconstrain(values)
+
+    def prepare(
+        self, x: torch.Tensor | None, y: torch.Tensor, context: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """Turn a validated block into the likelihood's ``(x, y)`` rows.
+
+        I.i.d. families return the block unchanged.  Families with
+        ``context_size > 0`` (autoregressive) build lagged covariates from the
+        previous values of the stream, carried across blocks in ``context``;
+        the stream's first ``context_size`` values are conditioned on and
+        yield no rows.
+
+        Returns
+        -------
+        (x_rows, y_rows, new_context)
+        """
+        return x, y, context
+
+    def describe(self) -> dict[str, Any]:
+        """Name, hyperparameters and parameter shapes, JSON-able."""
+        return {
+            "family": self.name,
+            "params": self.params.model_dump(),
+            "parameters": {s.name: list(s.shape) for s in self.space.specs},
+            "dim": self.dim,
+        }
+
+
+# ----- validation helpers shared by the families ------------------------------------------
+
+
+def as_matrix(value: Any, field: str, columns: int | None) -> torch.Tensor:
+    """Validate a list of rows (or a tensor) as a finite float64 ``[B, columns]`` tensor.
+
+    Raises ObservationError naming the first bad row.
+    """
+    if isinstance(value, torch.Tensor):
+        t = value.to(torch.float64)
+        if t.ndim == 1 and columns == 1:
+            t = t[:, None]
+        if t.ndim != 2:
+            raise ObservationError(field, f"expected a list of rows, got a tensor of shape {list(t.shape)}")
+    else:
+        if not isinstance(value, (list, tuple)):
+            raise ObservationError(field, "expected a list of rows")
+        rows = []
+        for i, row in enumerate(value):
+            if isinstance(row, (int, float)) and not isinstance(row, bool) and columns == 1:
+                row = [row]
+            if not isinstance(row, (list, tuple)):
+                raise ObservationError(field, "expected a list of numbers", row=i)
+            if columns is not None and len(row) != columns:
+                raise ObservationError(field, f"expected {columns} values, got {len(row)}", row=i)
+            for v in row:
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ObservationError(field, f"expected a number, got {type(v).__name__}", row=i)
+            rows.append(row)
+        if rows and columns is None:
+            width = len(rows[0])
+            for i, row in enumerate(rows):
+                if len(row) != width:
+                    raise ObservationError(field, f"ragged rows: expected {width} values, got {len(row)}", row=i)
+        t = torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros(0, columns or 0, dtype=torch.float64)
+    if columns is not None and t.shape[1] != columns:
+        raise ObservationError(field, f"expected {columns} columns, got {t.shape[1]}")
+    bad = ~torch.isfinite(t).all(dim=1)
+    if bad.any():
+        i = int(bad.nonzero()[0, 0])
+        raise ObservationError(field, "value is NaN or infinite", row=i)
+    return t
+
+
+def as_vector(value: Any, field: str) -> torch.Tensor:
+    """Validate a list of numbers (or a tensor) as a finite float64 ``[B]`` tensor."""
+    if isinstance(value, torch.Tensor):
+        t = value.to(torch.float64)
+        if t.ndim == 2 and t.shape[1] == 1:
+            t = t[:, 0]
+        if t.ndim != 1:
+            raise ObservationError(field, f"expected a list of numbers, got a tensor of shape {list(t.shape)}")
+    else:
+        if not isinstance(value, (list, tuple)):
+            raise ObservationError(field, "expected a list of numbers")
+        for i, v in enumerate(value):
+            if isinstance(v, (list, tuple)) and len(v) == 1:
+                v = v[0]
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ObservationError(field, f"expected a number, got {type(v).__name__}", row=i)
+        t = torch.tensor([v[0] if isinstance(v, (list, tuple)) else v for v in value], dtype=torch.float64)
+    bad = ~torch.isfinite(t)
+    if bad.any():
+        raise ObservationError(field, "value is NaN or infinite", row=int(bad.nonzero()[0, 0]))
+    return t
+
+
+def check_nonempty_and_aligned(x: torch.Tensor | None, y: torch.Tensor) -> None:
+    """Raise ObservationError for an empty block or ``x``/``y`` of different lengths."""
+    if y.shape[0] == 0:
+        raise ObservationError("y", "a chunk needs at least one observation")
+    if x is not None and x.shape[0] != y.shape[0]:
+        raise ObservationError("x", f"has {x.shape[0]} rows but y has {y.shape[0]} observations")
+
+
+def require_no_x(x: Any, family: str) -> None:
+    if x is not None:
+        raise ObservationError("x", f"family {family!r} takes no covariates; omit x")
+
+
+def require_x(x: Any, family: str) -> None:
+    if x is None:
+        raise ObservationError("x", f"family {family!r} needs covariates x, one row per observation")
+
+
+def normal_log_prob(value: torch.Tensor, mean: torch.Tensor | float, std: torch.Tensor | float) -> torch.Tensor:
+    """Elementwise ``log N(value; mean, std^2)`` (nats)."""
+    if not isinstance(std, torch.Tensor):
+        std = torch.as_tensor(std, dtype=value.dtype, device=value.device)
+    z = (value - mean) / std
+    return -0.5 * z * z - torch.log(std) - 0.5 * LOG_2PI

@@ -1,0 +1,63 @@
+"""Bayesian linear regression with known Gaussian noise (thesis §5.2.1).
+
+``y = w^T x + b + eps``, ``eps ~ N(0, noise_std^2)``, ``w_j, b ~ N(0, prior_std^2)``.
+The evidence is Gaussian in closed form (:func:`models.conjugate.linear_regression_log_evidence`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from models.base import (
+    Family,
+    HyperParams,
+    ParameterSpec,
+    as_matrix,
+    as_vector,
+    check_nonempty_and_aligned,
+    normal_log_prob,
+    require_x,
+)
+
+
+class LinearRegressionParams(HyperParams):
+    features: int = Field(..., ge=1, le=10_000, description="d, the number of covariates")
+    noise_std: float = Field(1.0, gt=0, description="known standard deviation of the Gaussian noise")
+    prior_std: float = Field(1.0, gt=0, description="prior standard deviation of w and b")
+
+
+class LinearRegression(Family):
+    name = "linear_regression"
+    Params = LinearRegressionParams
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        return [ParameterSpec("w", (self.params.features,)), ParameterSpec("b", ())]
+
+    def observation_schema(self) -> dict[str, Any]:
+        return {"x": self.params.features, "y": [], "y_type": "real", "classes": None}
+
+    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        require_x(x, self.name)
+        yt = as_vector(y, "y")
+        xt = as_matrix(x, "x", self.params.features)
+        check_nonempty_and_aligned(xt, yt)
+        return xt, yt
+
+    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        s = self.params.prior_std
+        return normal_log_prob(values["w"], 0.0, s).sum(-1) + normal_log_prob(values["b"], 0.0, s)
+
+    def log_likelihood_constrained(self, values, x, y):
+        mean = values["w"] @ x.T + values["b"][:, None]  # [M, B]
+        return normal_log_prob(y[None, :], mean, self.params.noise_std)
+
+    def sample_prior_constrained(self, generator, M, dtype, device):
+        s = self.params.prior_std
+        d = self.params.features
+        return {
+            "w": s * torch.randn(M, d, generator=generator, dtype=dtype, device=device),
+            "b": s * torch.randn(M, generator=generator, dtype=dtype, device=device),
+        }

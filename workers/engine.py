@@ -1,0 +1,223 @@
+"""One model's SGAIS engine: family + settings + generator + state, with checkpoints.
+
+This is the object the runner holds per leased model.  It is a thin mutable shell
+around the pure kernel in :mod:`workers.sgais`; it splits chunks into blocks,
+keeps the ``torch.Generator`` whose state is checkpointed, and serialises the
+whole state to bytes (safetensors for tensors, a JSON header in its metadata).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from models import Family, make_family
+from workers import sgais
+from workers.ess import ess
+from workers.settings import SamplerSettings
+
+CHECKPOINT_VERSION = 1
+
+
+class ModelEngine:
+    """SGAIS for one model.
+
+    Parameters
+    ----------
+    family : str
+        Registered family name (``models.FAMILIES``).
+    params : dict
+        The family's hyperparameters.
+    sampler : SamplerSettings | dict
+        SGAIS settings (defaults filled in).
+    """
+
+    def __init__(self, family: str, params: dict[str, Any] | None = None,
+                 sampler: SamplerSettings | dict[str, Any] | None = None, *, _init_state: bool = True):
+        self.family: Family = make_family(family, params)
+        self.settings = sampler if isinstance(sampler, SamplerSettings) else SamplerSettings(**(sampler or {}))
+        self.generator = torch.Generator(device=self.settings.torch_device)
+        self.generator.manual_seed(self.settings.seed)
+        self.observations = 0  # stream values absorbed (including conditioned-on context values)
+        self.state: sgais.SGAISState | None = None
+        if _init_state:
+            self.state = sgais.init(self.generator, self.family, self.settings)
+
+    # ----- updating --------------------------------------------------------------------------
+    def update(self, x: Any, y: Any, *, validated: bool = False) -> list[sgais.BlockInfo]:
+        """Absorb a chunk, split into blocks of ``block_size``; one BlockInfo per block.
+
+        ``x``/``y`` are validated by the family unless ``validated``.
+
+        Raises
+        ------
+        models.ObservationError
+            Invalid observations (nothing is absorbed).
+        workers.sgais.NumericalError
+            NaN/inf during the update; blocks before the failing one stay absorbed.
+        """
+        if not validated:
+            x, y = self.family.validate(x, y)
+        infos = []
+        size = self.settings.block_size
+        for start in range(0, y.shape[0], size):
+            xb = x[start : start + size] if x is not None else None
+            yb = y[start : start + size]
+            self.state, info = sgais.absorb_block(
+                self.generator, self.state, family=self.family, settings=self.settings, x=xb, y=yb
+            )
+            self.observations += yb.shape[0]
+            infos.append(info)
+        return infos
+
+    @property
+    def log_evidence(self) -> float:
+        """Running ``log Ẑ`` (nats)."""
+        return self.state.log_evidence
+
+    @property
+    def ess(self) -> float:
+        return float(ess(self.state.log_w))
+
+    # ----- posterior --------------------------------------------------------------------------
+    def posterior_summary(self) -> dict[str, Any]:
+        """Weighted mean, std and 5%/95% quantiles of every constrained parameter.
+
+        Returns ``{"observations", "ess", "parameters": {name: {"shape", "mean", "std", "q05", "q95"}}}``
+        (values nested like the parameter's shape).
+        """
+        values, _ = self.family.space.constrain(self.state.theta)
+        W = torch.softmax(self.state.log_w, 0)
+        out = {}
+        for spec in self.family.space.specs:
+            v = values[spec.name].to(torch.float64).reshape(W.shape[0], -1)  # [M, P]
+            mean = (W[:, None] * v).sum(0)
+            var = (W[:, None] * (v - mean) ** 2).sum(0)
+            order = torch.argsort(v, dim=0)
+            cw = torch.cumsum(W[order], 0)  # [M, P]
+            def quantile(q: float) -> torch.Tensor:
+                pos = torch.searchsorted(cw.T.contiguous(), torch.full((v.shape[1], 1), q, dtype=cw.dtype)).clamp(
+                    max=W.shape[0] - 1
+                )[:, 0]
+                return v.gather(0, order.gather(0, pos[None, :]))[0]
+            shape = list(spec.shape)
+            out[spec.name] = {
+                "shape": shape,
+                "mean": mean.reshape(shape).tolist(),
+                "std": var.sqrt().reshape(shape).tolist(),
+                "q05": quantile(0.05).reshape(shape).tolist(),
+                "q95": quantile(0.95).reshape(shape).tolist(),
+            }
+        return {"observations": self.observations, "ess": self.ess, "parameters": out}
+
+    # ----- checkpoints ------------------------------------------------------------------------
+    def to_bytes(self, *, include_history: bool = True) -> bytes:
+        """Serialise the whole state (safetensors with a JSON header in its metadata).
+
+        With ``include_history=False`` the history rows are left out (the runner
+        rebuilds them from the stream log, DESIGN.md §2); the reservoir generator
+        is always kept.
+        """
+        s = self.state
+        tensors = {
+            "theta": s.theta, "log_w": s.log_w, "velocity": s.velocity,
+            "anchor": s.anchor, "anchor_grad": s.anchor_grad,
+            "generator": self.generator.get_state(),
+        }
+        if s.context is not None:
+            tensors["context"] = s.context
+        hist = s.history.state_tensors()
+        if not include_history:
+            hist = {k: v for k, v in hist.items() if k == "history.generator"}
+        tensors.update(hist)
+        header = {
+            "version": CHECKPOINT_VERSION,
+            "family": self.family.name,
+            "params": self.family.params.model_dump(),
+            "sampler": self.settings.model_dump(),
+            "observations": self.observations,
+            "n_anchor": s.n_anchor,
+            "blocks": s.blocks,
+            "history_seen": s.history.seen,
+            "history_included": include_history,
+        }
+        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        return st_save(tensors, metadata={"sgais": json.dumps(header)})
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes, *, history_blocks: Iterable[tuple[Any, Any]] | None = None
+    ) -> "ModelEngine":
+        """Restore an engine saved by :meth:`to_bytes`.
+
+        ``history_blocks`` — the stream's raw ``(x, y)`` chunks from the start, in order,
+        covering at least the absorbed observations — rebuilds the history when the
+        checkpoint was written without it.
+
+        Raises
+        ------
+        ValueError
+            Unknown checkpoint version, or history missing and not rebuildable.
+        """
+        header = json.loads(_metadata(data)["sgais"])
+        if header["version"] != CHECKPOINT_VERSION:
+            raise ValueError(f"checkpoint version {header['version']} is not supported")
+        eng = cls(header["family"], header["params"], SamplerSettings(**header["sampler"]), _init_state=False)
+        device = eng.settings.torch_device
+        t = {k: v.to(device) for k, v in st_load(data).items()}
+        eng.generator.set_state(t["generator"].cpu() if device.type == "cpu" else t["generator"])
+        eng.observations = header["observations"]
+        history = sgais.History(
+            capacity=eng.settings.history_capacity, seed=eng.settings.seed,
+            dtype=eng.settings.torch_dtype, device=device,
+        )
+        if header["history_included"]:
+            history.load_state_tensors(t, header["history_seen"])
+        else:
+            if history_blocks is None and header["history_seen"] > 0:
+                raise ValueError("checkpoint has no history rows: pass history_blocks to rebuild them")
+            eng._rebuild_history(history, history_blocks or [], header["observations"])
+            if history.seen != header["history_seen"]:
+                raise ValueError(
+                    f"rebuilt history has {history.seen} rows, checkpoint expects {header['history_seen']}"
+                )
+            history.generator.set_state(t["history.generator"].cpu())
+        eng.state = sgais.SGAISState(
+            theta=t["theta"], log_w=t["log_w"], velocity=t["velocity"], anchor=t["anchor"],
+            anchor_grad=t["anchor_grad"], n_anchor=header["n_anchor"], history=history,
+            context=t.get("context"), blocks=header["blocks"],
+        )
+        return eng
+
+    def _rebuild_history(self, history, blocks: Iterable[tuple[Any, Any]], observations: int) -> None:
+        """Replay the first ``observations`` stream values through ``prepare`` into ``history``."""
+        context = None
+        done = 0
+        dtype, device = self.settings.torch_dtype, self.settings.torch_device
+        size = self.settings.block_size
+        for x, y in blocks:
+            if done >= observations:
+                break
+            x, y = self.family.validate(x, y)
+            take = min(y.shape[0], observations - done)
+            x, y = (x[:take] if x is not None else None), y[:take]
+            # identical block splitting to update(): prepare() sees the same blocks
+            for start in range(0, take, size):
+                xb = x[start : start + size].to(dtype=dtype, device=device) if x is not None else None
+                yb = y[start : start + size].to(dtype=dtype, device=device)
+                xr, yr, context = self.family.prepare(xb, yb, context)
+                history.append(xr, yr)
+            done += take
+        if done < observations:
+            raise ValueError(f"stream log holds {done} observations, checkpoint absorbed {observations}")
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors byte string (its JSON header)."""
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+

@@ -1,0 +1,118 @@
+"""The history ``H`` of earlier observations that mini-batches are drawn from.
+
+Exact by default (every row kept, in an amortised-doubling buffer so appending a
+block costs O(|C|)).  With a ``capacity`` it is a uniform reservoir (Vitter's
+Algorithm R) whose replacement draws come from its own generator seeded from the
+model's seed, so replaying the stream log through a fresh reservoir rebuilds it
+bit for bit (that is how a restored worker rebuilds it, DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class History:
+    """Append-only store of likelihood rows ``(x: [n, d] | None, y: [n, ...])``.
+
+    Attributes
+    ----------
+    seen : int
+        Rows ever appended (``n_prev`` of the next block).
+    size : int
+        Rows held (``min(seen, capacity)``).
+    """
+
+    def __init__(self, *, capacity: int | None = None, seed: int = 0,
+                 dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
+        self.capacity = capacity
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.x: torch.Tensor | None = None
+        self.y: torch.Tensor | None = None
+        self.has_x = False
+        self.size = 0
+        self.seen = 0
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed((seed * 2654435761 + 97) % (2**63))
+
+    def _ensure(self, x: torch.Tensor | None, y: torch.Tensor, extra: int) -> None:
+        need = self.size + extra
+        if self.capacity is not None:
+            need = min(need, self.capacity)
+        if self.y is None:
+            cap = max(need, 1024) if self.capacity is None else self.capacity
+            self.has_x = x is not None
+            self.y = torch.empty((cap, *y.shape[1:]), dtype=self.dtype, device=self.device)
+            self.x = torch.empty((cap, x.shape[1]), dtype=self.dtype, device=self.device) if x is not None else None
+            return
+        if need > self.y.shape[0]:
+            cap = max(need, 2 * self.y.shape[0])
+            y_new = torch.empty((cap, *self.y.shape[1:]), dtype=self.dtype, device=self.device)
+            y_new[: self.size] = self.y[: self.size]
+            self.y = y_new
+            if self.x is not None:
+                x_new = torch.empty((cap, self.x.shape[1]), dtype=self.dtype, device=self.device)
+                x_new[: self.size] = self.x[: self.size]
+                self.x = x_new
+
+    def append(self, x: torch.Tensor | None, y: torch.Tensor) -> None:
+        """Add a block of rows ``x: [B, d] | None``, ``y: [B, ...]``."""
+        B = y.shape[0]
+        if B == 0:
+            return
+        x = x.to(self.dtype, copy=False) if x is not None else None
+        y = y.to(self.dtype, copy=False)
+        self._ensure(x, y, B)
+        take = B if self.capacity is None else max(0, min(B, self.capacity - self.size))
+        if take:
+            self.y[self.size : self.size + take] = y[:take]
+            if self.x is not None:
+                self.x[self.size : self.size + take] = x[:take]
+            self.size += take
+            self.seen += take
+        # Algorithm R for the rest: row with global index t replaces slot j ~ U{0..t} if j < capacity.
+        for i in range(take, B):
+            j = int(torch.randint(0, self.seen + 1, (), generator=self.generator, device=self.device))
+            self.seen += 1
+            if j < self.capacity:
+                self.y[j] = y[i]
+                if self.x is not None:
+                    self.x[j] = x[i]
+
+    def rows(self, index: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Rows at ``index: [B]`` (int64, each in ``[0, size)``)."""
+        return (self.x[index] if self.x is not None else None), self.y[index]
+
+    def all_rows(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Views of every held row."""
+        if self.y is None:
+            raise ValueError("history is empty")
+        return (self.x[: self.size] if self.x is not None else None), self.y[: self.size]
+
+    def sample_index(self, generator: torch.Generator, batch_size: int) -> torch.Tensor:
+        """``batch_size`` indices drawn uniformly with replacement (thesis eq. 4.14)."""
+        return torch.randint(0, self.size, (batch_size,), generator=generator, device=self.device)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Tensors that restore the history exactly (held rows + reservoir RNG)."""
+        out = {"history.generator": self.generator.get_state()}
+        if self.y is not None:
+            out["history.y"] = self.y[: self.size].contiguous()
+            if self.x is not None:
+                out["history.x"] = self.x[: self.size].contiguous()
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], seen: int) -> None:
+        self.generator.set_state(tensors["history.generator"])
+        self.seen = seen
+        if "history.y" in tensors:
+            y = tensors["history.y"].to(self.device)
+            x = tensors.get("history.x")
+            self.y = None
+            self.size = 0
+            self._ensure(x, y, y.shape[0])
+            self.y[: y.shape[0]] = y
+            if x is not None:
+                self.x[: x.shape[0]] = x.to(self.device)
+            self.size = y.shape[0]

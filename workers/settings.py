@@ -1,0 +1,51 @@
+"""SGAIS sampler settings: the ``sampler`` object of the API (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SamplerSettings(BaseModel):
+    """Settings of one model's SGAIS run. Thesis defaults (§5.1.1) unless a measured better one.
+
+    ``learning_rate`` is per observation: the SGHMC step is ``η = learning_rate / n``
+    with ``n`` the number of observations including the current block.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    particles: int = Field(10, ge=2, le=100_000, description="M, the number of particles")
+    batch_size: int = Field(500, ge=1, le=1_000_000, description="|B|, mini-batch size drawn from the history")
+    block_size: int = Field(500, ge=1, le=1_000_000, description="larger chunks are split into blocks of this size")
+    learning_rate: float = Field(0.1, gt=0, le=10, description="η·n, the SGHMC learning rate per observation")
+    momentum_decay: float = Field(0.2, gt=0, le=1, description="α, the SGHMC friction (eq. 2.53)")
+    burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
+    ess_target: float = Field(0.5, gt=0, lt=1, description="target conditional ESS per annealing step, a fraction of particles")
+    resample_threshold: float = Field(0.5, ge=0, le=1, description="resample when ESS < this fraction of particles (0 = never)")
+    resampling: Literal["systematic", "multinomial"] = "systematic"
+    max_annealing_steps: int = Field(1000, ge=1, le=1_000_000, description="guard per block; hitting it is reported")
+    control_variates: bool = Field(True, description="mini-batch gradients with control variates around per-particle anchors")
+    anchor_growth: float = Field(2.0, gt=1, le=1000, description="re-anchor when the history has grown by this factor")
+    history_capacity: int | None = Field(None, ge=1, description="reservoir size for the mini-batch history; null keeps everything")
+    seed: int = Field(0, ge=0, lt=2**63)
+    dtype: Literal["float32", "float64"] = "float64"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+
+    @model_validator(mode="after")
+    def _check(self) -> "SamplerSettings":
+        if self.ess_target * self.particles < 1:
+            raise ValueError("ess_target * particles must be at least 1 particle")
+        return self
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == "float64" else torch.float32
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)

@@ -1,0 +1,237 @@
+"""The SGAIS update: absorb one block of observations (Cameron 2020, Alg. 8, §4.2).
+
+``init`` draws the particles from the prior; ``absorb_block`` anneals the new
+block's likelihood in from λ = 0 to 1 with ESS-adaptive increments (eq. 4.13,
+4.15), optional resampling, and SGHMC moves on mini-batches of the history
+(eq. 4.14).  Both are pure in the sense of STYLE.md: they take the state and an
+explicit ``torch.Generator`` and return a new state; only the append-only
+history buffer is shared between the old and the new state.
+
+Evidence bookkeeping (eq. 4.6): ``log Ẑ_n = logsumexp(log w) − log M``; a
+resampling step replaces every log-weight by the log of their mean, which
+leaves ``Ẑ`` unchanged, so weights that are non-uniform before a block need no
+special treatment.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from models.base import Family
+from workers.ess import ess, solve_increment
+from workers.gradients import Batch, control_variate_gradient, history_gradient, minibatch_gradient
+from workers.history import History
+from workers.resampling import RESAMPLERS
+from workers.settings import SamplerSettings
+from workers.sghmc import sghmc_step
+
+
+class NumericalError(FloatingPointError):
+    """NaN/inf log-weights or particles: the update is not trustworthy and was not applied."""
+
+
+class SGAISState(NamedTuple):
+    """Particle state of one model after ``n`` observations.
+
+    theta : [M, D] unconstrained particles.
+    log_w : [M] float64 log-weights (unnormalised; ``log Ẑ_n = logsumexp(log_w) − log M``).
+    velocity : [M, D] SGHMC velocities.
+    anchor : [M, D] control-variate anchors (zeros until the first anchoring).
+    anchor_grad : [M, D] ``Σ_{y∈H} ∇ log p(y|anchor_i)``.
+    n_anchor : history size when the anchors were last set (0 = never).
+    history : the observations absorbed so far (shared, append-only).
+    context : [p] last stream values for families with ``context_size`` > 0, else None.
+    blocks : number of blocks absorbed.
+    """
+
+    theta: torch.Tensor
+    log_w: torch.Tensor
+    velocity: torch.Tensor
+    anchor: torch.Tensor
+    anchor_grad: torch.Tensor
+    n_anchor: int
+    history: History
+    context: torch.Tensor | None
+    blocks: int
+
+    @property
+    def n(self) -> int:
+        """Likelihood rows absorbed (observations, less any conditioned-on context values)."""
+        return self.history.seen
+
+    @property
+    def log_evidence(self) -> float:
+        """``log Ẑ_n`` (nats), thesis eq. 4.6."""
+        return float(torch.logsumexp(self.log_w, 0) - math.log(self.log_w.shape[0]))
+
+
+class BlockInfo(NamedTuple):
+    """Diagnostics of one absorbed block: the trace row, event and metrics, one to one."""
+
+    observations: int  # rows in the block that entered the likelihood
+    log_predictive: float  # log Ẑ_n − log Ẑ_{n_prev} (nats)
+    log_evidence: float  # log Ẑ_n (nats)
+    annealing_steps: int
+    ess: float  # ESS of the full weights after the block, in particles
+    resampled: bool  # resampled at least once in this block
+    guard_tripped: bool  # max_annealing_steps reached; the rest of the block was taken in one increment
+
+
+def init(generator: torch.Generator, family: Family, settings: SamplerSettings) -> SGAISState:
+    """Prior draws ``θ_i ~ p(θ)``, ``log w_i = 0`` (Alg. 8, lines 1–2)."""
+    dtype, device = settings.torch_dtype, settings.torch_device
+    M = settings.particles
+    theta = family.sample_prior(generator, M, dtype, device)
+    if not torch.isfinite(theta).all():
+        raise NumericalError("prior draws are not finite; check the hyperparameters")
+    zeros = torch.zeros_like(theta)
+    history = History(capacity=settings.history_capacity, seed=settings.seed, dtype=dtype, device=device)
+    return SGAISState(
+        theta=theta,
+        log_w=torch.zeros(M, dtype=torch.float64, device=device),
+        velocity=zeros,
+        anchor=zeros.clone(),
+        anchor_grad=zeros.clone(),
+        n_anchor=0,
+        history=history,
+        context=None,
+        blocks=0,
+    )
+
+
+def absorb_block(
+    generator: torch.Generator,
+    state: SGAISState,
+    *,
+    family: Family,
+    settings: SamplerSettings,
+    x: torch.Tensor | None,
+    y: torch.Tensor,
+) -> tuple[SGAISState, BlockInfo]:
+    """Absorb one validated block ``(x: [B, d] | None, y: [B, ...])``.
+
+    Returns the new state and the block's :class:`BlockInfo`.
+
+    Raises
+    ------
+    NumericalError
+        When the log-likelihood, the log-weights or the particles become NaN/inf.
+        The input state is untouched (the history is only appended after success).
+    """
+    dtype, device = settings.torch_dtype, settings.torch_device
+    x = x.to(dtype=dtype, device=device) if x is not None else None
+    y = y.to(dtype=dtype, device=device)
+    x, y, context = family.prepare(x, y, state.context)
+    B = y.shape[0]
+    log_z_prev = state.log_evidence
+    if B == 0:  # every value went into the conditioning context
+        return state._replace(context=context, blocks=state.blocks + 1), BlockInfo(
+            0, 0.0, log_z_prev, 0, float(ess(state.log_w)), False, False
+        )
+
+    history = state.history
+    n_prev = history.seen
+    n = n_prev + B
+    M = settings.particles
+    block = Batch(x, y)
+    theta, log_w, velocity = state.theta, state.log_w, state.velocity
+    anchor, anchor_grad, n_anchor = state.anchor, state.anchor_grad, state.n_anchor
+
+    use_cv = settings.control_variates and history.size > 0
+    if use_cv and (n_anchor == 0 or n_prev >= settings.anchor_growth * n_anchor):
+        # Re-anchor every particle at its current position: one pass over H, amortised O(1)
+        # per observation because it happens each time the history grows by anchor_growth.
+        hx, hy = history.all_rows()
+        anchor = theta.clone()
+        anchor_grad = history_gradient(family, anchor, hx, hy) * (n_prev / history.size)
+        n_anchor = n_prev
+
+    def gradient(t: torch.Tensor, lam: float) -> torch.Tensor:
+        batch = None
+        if history.size > 0:
+            batch = Batch(*history.rows(history.sample_index(generator, settings.batch_size)))
+        if use_cv:
+            # anchor_grad is in log-likelihood convention (+∇ log p): U's gradient takes −G.
+            return control_variate_gradient(
+                family, t, block=block, lam=lam, batch=batch, n_prev=n_prev, anchor=anchor, anchor_grad=anchor_grad
+            )
+        return minibatch_gradient(family, t, block=block, lam=lam, batch=batch, n_prev=n_prev)
+
+    resample = RESAMPLERS[settings.resampling]
+    lam = 0.0
+    steps = 0
+    resampled = False
+    guard_tripped = False
+    target = settings.ess_target * M
+    while lam < 1.0:
+        ll = family.log_likelihood(theta, x, y).sum(-1).to(torch.float64)  # [M]
+        if torch.isnan(ll).any():
+            raise NumericalError(f"log-likelihood is NaN for {int(torch.isnan(ll).sum())} of {M} particles")
+        remaining = 1.0 - lam
+        if steps + 1 >= settings.max_annealing_steps:
+            delta = remaining
+            guard_tripped = True
+        else:
+            try:
+                delta = solve_increment(log_w, ll, target=target, remaining=remaining)
+            except FloatingPointError as err:
+                raise NumericalError(str(err)) from err
+        # Snap to 1 when the rest is within rounding (avoids a final sliver step).
+        if lam + delta >= 1.0 - 1e-12:
+            delta = remaining
+        lam = 1.0 if delta == remaining else lam + delta
+        log_w = log_w + torch.nan_to_num(delta * ll, neginf=-math.inf)
+        if torch.isnan(log_w).any() or not torch.isfinite(torch.logsumexp(log_w, 0)):
+            raise NumericalError("log-weights became NaN or all -inf")
+        steps += 1
+        if settings.resample_threshold > 0 and float(ess(log_w)) < settings.resample_threshold * M:
+            idx = resample(generator, log_w)
+            theta, velocity = theta[idx], velocity[idx]
+            anchor, anchor_grad = anchor[idx], anchor_grad[idx]
+            log_w = torch.full_like(log_w, float(torch.logsumexp(log_w, 0) - math.log(M)))
+            resampled = True
+        # η = learning_rate / (observations in the current target): the thesis's η = 0.1/n at
+        # λ = 1, but a larger step while λ·|C| is small and the target is still wide.
+        step_size = settings.learning_rate / max(n_prev + lam * B, 1.0)
+        for _ in range(settings.burn_in):
+            theta, velocity = sghmc_step(
+                generator,
+                theta,
+                velocity,
+                lambda t: gradient(t, lam),
+                step_size=step_size,
+                momentum_decay=settings.momentum_decay,
+            )
+        if not torch.isfinite(theta).all():
+            raise NumericalError(
+                "SGHMC moved particles to NaN/inf; lower sampler.learning_rate or standardise the data"
+            )
+
+    if use_cv:
+        # Keep G_i = Σ_{y∈H} ∇ log p(y|a_i) exact as the block joins the history.
+        anchor_grad = anchor_grad + history_gradient(family, anchor, x, y)
+    history.append(x, y)
+    new_state = SGAISState(
+        theta=theta,
+        log_w=log_w,
+        velocity=velocity,
+        anchor=anchor,
+        anchor_grad=anchor_grad,
+        n_anchor=n_anchor,
+        history=history,
+        context=context,
+        blocks=state.blocks + 1,
+    )
+    log_z = new_state.log_evidence
+    return new_state, BlockInfo(
+        observations=B,
+        log_predictive=log_z - log_z_prev,
+        log_evidence=log_z,
+        annealing_steps=steps,
+        ess=float(ess(log_w)),
+        resampled=resampled,
+        guard_tripped=guard_tripped,
+    )
