@@ -1,0 +1,204 @@
+"""Properties of the SGAIS kernel: ESS solver, resampling, evidence bookkeeping, determinism, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models import make_family
+from workers import sgais
+from workers.engine import ModelEngine
+from workers.ess import conditional_ess, ess, solve_increment
+from workers.resampling import systematic_resample
+from workers.settings import SamplerSettings
+
+
+def linear_data(n: int, d: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(d, generator=g, dtype=torch.float64)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = x @ w + 0.5 + torch.randn(n, generator=g, dtype=torch.float64)
+    return x, y
+
+
+# ----- ESS solver ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_ess_solver_hits_its_target(uniform: bool) -> None:
+    g = torch.Generator().manual_seed(1)
+    log_lik = -50.0 * torch.rand(20, generator=g, dtype=torch.float64)
+    log_w = torch.zeros(20, dtype=torch.float64) if uniform else torch.randn(20, generator=g, dtype=torch.float64)
+    target = 10.0
+    delta = solve_increment(log_w, log_lik, target=target, remaining=1.0)
+    assert 0 < delta < 1
+    assert float(conditional_ess(log_w, log_lik, delta)) == pytest.approx(target, abs=1e-3)
+
+
+def test_ess_solver_returns_the_remaining_increment_when_it_already_meets_the_target() -> None:
+    log_lik = torch.tensor([-1.0, -1.01, -0.99, -1.0], dtype=torch.float64)
+    log_w = torch.zeros(4, dtype=torch.float64)
+    assert solve_increment(log_w, log_lik, target=2.0, remaining=0.3) == 0.3
+
+
+def test_ess_solver_handles_asymmetric_log_likelihoods() -> None:
+    # One particle far better than the rest (a long left tail of log-likelihoods): the solver must
+    # still land on the target rather than collapse to one particle or stall at Δ = 0.
+    log_lik = torch.cat([torch.tensor([0.0]), torch.full((9,), -1e4)]).to(torch.float64)
+    log_w = torch.zeros(10, dtype=torch.float64)
+    delta = solve_increment(log_w, log_lik, target=5.0, remaining=1.0)
+    assert delta > 0
+    assert float(conditional_ess(log_w, log_lik, delta)) == pytest.approx(5.0, abs=1e-3)
+    # and with the sign flipped (one particle far worse)
+    delta = solve_increment(log_w, -log_lik - 1e4, target=5.0, remaining=1.0)
+    assert float(conditional_ess(log_w, -log_lik - 1e4, delta)) >= 5.0 - 1e-3
+
+
+def test_ess_solver_rejects_nan() -> None:
+    with pytest.raises(FloatingPointError):
+        solve_increment(torch.zeros(3), torch.tensor([0.0, float("nan"), 1.0]), target=1.5, remaining=1.0)
+
+
+def test_conditional_ess_equals_thesis_ess_for_uniform_weights() -> None:
+    g = torch.Generator().manual_seed(3)
+    log_lik = torch.randn(50, generator=g, dtype=torch.float64) * 3
+    for delta in (0.1, 0.5, 1.0):
+        assert float(conditional_ess(torch.zeros(50, dtype=torch.float64), log_lik, delta)) == pytest.approx(
+            float(ess(delta * log_lik)), rel=1e-12
+        )
+
+
+# ----- resampling ----------------------------------------------------------------------------
+
+
+def test_systematic_resampling_gives_floor_or_ceil_copies() -> None:
+    g = torch.Generator().manual_seed(0)
+    log_w = torch.log(torch.tensor([0.05, 0.4, 0.15, 0.3, 0.1], dtype=torch.float64))
+    W = torch.softmax(log_w, 0)
+    for _ in range(50):
+        counts = torch.bincount(systematic_resample(g, log_w), minlength=5).to(torch.float64)
+        assert counts.sum() == 5
+        assert torch.all(counts >= torch.floor(5 * W) - 1e-9) and torch.all(counts <= torch.ceil(5 * W) + 1e-9)
+
+
+# ----- evidence bookkeeping --------------------------------------------------------------------
+
+
+def _frozen_settings(**kw) -> SamplerSettings:
+    # burn_in = 0: particles never move, so the annealed weights telescope to exp(ℓ_block) exactly.
+    return SamplerSettings(particles=8, burn_in=0, resample_threshold=0.0, seed=0, **kw)
+
+
+def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> None:
+    family = make_family("linear_regression", {"features": 3})
+    settings = _frozen_settings()
+    g = torch.Generator().manual_seed(0)
+    state = sgais.init(g, family, settings)
+    x, y = linear_data(40)
+    # non-uniform weights before the block, as left by an earlier block without resampling
+    state = state._replace(log_w=torch.randn(8, generator=g, dtype=torch.float64))
+    x, y = x[:6], y[:6]
+    before = state.log_w.clone()
+    state, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    ll = family.log_likelihood(state.theta, x, y).sum(-1)
+    expected = float(torch.logsumexp(before + ll, 0) - math.log(8))
+    assert info.annealing_steps > 1
+    assert info.log_evidence == pytest.approx(expected, abs=1e-9)
+    assert info.log_predictive == pytest.approx(expected - float(torch.logsumexp(before, 0) - math.log(8)), abs=1e-9)
+
+
+def test_resampling_preserves_the_evidence_estimate() -> None:
+    family = make_family("linear_regression", {"features": 3})
+    settings = SamplerSettings(particles=8, burn_in=0, resample_threshold=1.0, seed=0)
+    g = torch.Generator().manual_seed(0)
+    state = sgais.init(g, family, settings)
+    x, y = linear_data(20)
+    ll = family.log_likelihood(state.theta, x, y).sum(-1)
+    # With a single increment (ESS target met trivially is impossible here), check the first step's identity
+    # instead: after the block, Ẑ is the mean of the weights carried through resampling; with frozen particles
+    # its expectation equals mean(exp(ℓ)) and every resampling keeps logsumexp(log w) unchanged at that moment.
+    state2, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    assert info.resampled
+    assert torch.allclose(state2.log_w, state2.log_w[0].expand(8))
+    assert math.isfinite(info.log_evidence)
+    assert info.log_evidence <= float(ll.max())  # a mean of likelihoods of particles that exist
+
+
+def test_guard_on_annealing_steps_is_reported() -> None:
+    family = make_family("linear_regression", {"features": 3})
+    settings = SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, seed=0)
+    g = torch.Generator().manual_seed(0)
+    state = sgais.init(g, family, settings)
+    x, y = linear_data(200)
+    _, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    assert info.guard_tripped
+    assert info.annealing_steps == 2
+
+
+def test_nan_in_the_block_raises_and_leaves_the_state_alone() -> None:
+    family = make_family("linear_regression", {"features": 3})
+    settings = SamplerSettings(particles=8, burn_in=2, seed=0)
+    g = torch.Generator().manual_seed(0)
+    state = sgais.init(g, family, settings)
+    x, y = linear_data(10)
+    y[3] = float("nan")
+    with pytest.raises(sgais.NumericalError):
+        sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    assert state.history.seen == 0
+
+
+# ----- determinism and checkpoints --------------------------------------------------------------
+
+SMALL = {"particles": 6, "burn_in": 4, "batch_size": 50, "block_size": 100, "seed": 11}
+
+
+def _run(engine: ModelEngine, x: torch.Tensor, y: torch.Tensor, chunks: list[tuple[int, int]]):
+    return [info for a, b in chunks for info in engine.update(x[a:b], y[a:b])]
+
+
+CHUNKS = [(0, 150), (150, 300), (300, 420), (420, 600), (600, 700)]
+
+
+def test_same_seed_gives_the_same_bits() -> None:
+    x, y = linear_data(700)
+    a = ModelEngine("linear_regression", {"features": 3}, SMALL)
+    b = ModelEngine("linear_regression", {"features": 3}, SMALL)
+    assert _run(a, x, y, CHUNKS) == _run(b, x, y, CHUNKS)
+    assert torch.equal(a.state.theta, b.state.theta) and torch.equal(a.state.log_w, b.state.log_w)
+    c = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "seed": 12})
+    assert _run(c, x, y, CHUNKS)[-1].log_evidence != a.log_evidence
+
+
+@pytest.mark.parametrize(
+    "sampler,include_history",
+    [
+        (SMALL, True),
+        (SMALL, False),
+        ({**SMALL, "history_capacity": 250}, False),
+        ({**SMALL, "control_variates": False, "resample_threshold": 0.0}, True),
+    ],
+)
+def test_resume_is_bit_identical(sampler, include_history: bool) -> None:
+    x, y = linear_data(700)
+    straight = ModelEngine("linear_regression", {"features": 3}, sampler)
+    expected = _run(straight, x, y, CHUNKS)
+    first = ModelEngine("linear_regression", {"features": 3}, sampler)
+    got = _run(first, x, y, CHUNKS[:3])
+    blob = first.to_bytes(include_history=include_history)
+    del first
+    history = [(x[a:b], y[a:b]) for a, b in CHUNKS[:3]]
+    restored = ModelEngine.from_bytes(blob, history_blocks=None if include_history else history)
+    got += _run(restored, x, y, CHUNKS[3:])
+    assert got == expected
+    assert torch.equal(restored.state.theta, straight.state.theta)
+    assert torch.equal(restored.generator.get_state(), straight.generator.get_state())
+
+
+def test_restore_without_history_needs_the_stream() -> None:
+    x, y = linear_data(200)
+    e = ModelEngine("linear_regression", {"features": 3}, SMALL)
+    e.update(x, y)
+    with pytest.raises(ValueError, match="history"):
+        ModelEngine.from_bytes(e.to_bytes(include_history=False))
