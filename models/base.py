@@ -321,3 +321,20 @@ def normal_log_prob(value: torch.Tensor, mean: torch.Tensor | float, std: torch.
         std = torch.as_tensor(std, dtype=value.dtype, device=value.device)
     z = (value - mean) / std
     return -0.5 * z * z - torch.log(std) - 0.5 * LOG_2PI
+
+
+def as_labels(value: Any, field: str, classes: int) -> torch.Tensor:
+    """Validate class labels given as numbers: integer-valued, in ``0..classes-1``; float64 ``[B]``.
+
+    Raises ObservationError naming the first bad row.
+    """
+    t = as_vector(value, field)
+    bad = (t != torch.round(t)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ObservationError(field, f"class label must be an integer, got {float(t[i])}", row=i)
+    bad = ((t < 0) | (t > classes - 1)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ObservationError(field, f"class label must be in 0..{classes - 1}, got {float(t[i]):g}", row=i)
+    return t

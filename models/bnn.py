@@ -1,0 +1,118 @@
+"""Bayesian neural network: an MLP with tanh hidden layers (papers/004, §3; papers/002).
+
+Layers ``l = 0..L``: ``h_{l+1} = tanh(W_l h_l + b_l)`` for hidden layers, linear output
+``f(x) = W_L h_L + b_L``; every weight and bias ``~ N(0, prior_std²)``.  Likelihood:
+``gaussian`` — ``y ~ N(f(x), noise_std² I)`` (noise std known); ``categorical`` —
+``y ~ softmax(f(x))`` with labels ``0..outputs-1``.  No closed-form evidence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from models.base import (
+    Family,
+    HyperParams,
+    ParameterSpec,
+    as_labels,
+    as_matrix,
+    check_nonempty_and_aligned,
+    normal_log_prob,
+    require_x,
+)
+
+
+class BNNParams(HyperParams):
+    features: int = Field(..., ge=1, le=10_000, description="d, the number of covariates")
+    hidden: list[int] = Field([16], max_length=16, description="widths of the tanh hidden layers")
+    outputs: int = Field(..., ge=1, le=10_000, description="output units: 1+ for gaussian, the number of classes for categorical")
+    likelihood: Literal["gaussian", "categorical"] = "gaussian"
+    noise_std: float = Field(1.0, gt=0, description="known noise std of the gaussian likelihood")
+    prior_std: float = Field(1.0, gt=0, description="prior standard deviation of every weight and bias")
+
+    @field_validator("hidden")
+    @classmethod
+    def _widths(cls, v: list[int]) -> list[int]:
+        if any(h < 1 or h > 100_000 for h in v):
+            raise ValueError("hidden layer widths must be in 1..100000")
+        return v
+
+    @model_validator(mode="after")
+    def _classes(self) -> "BNNParams":
+        if self.likelihood == "categorical" and self.outputs < 2:
+            raise ValueError("a categorical likelihood needs outputs >= 2 classes")
+        return self
+
+
+class BayesianNeuralNetwork(Family):
+    name = "bnn"
+    Params = BNNParams
+
+    @property
+    def widths(self) -> list[int]:
+        p = self.params
+        return [p.features, *p.hidden, p.outputs]
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        w = self.widths
+        specs = []
+        for i in range(len(w) - 1):
+            specs += [ParameterSpec(f"W{i}", (w[i + 1], w[i])), ParameterSpec(f"b{i}", (w[i + 1],))]
+        return specs
+
+    def observation_schema(self) -> dict[str, Any]:
+        p = self.params
+        if p.likelihood == "categorical":
+            return {"x": p.features, "y": [], "y_type": "label", "classes": p.outputs}
+        return {"x": p.features, "y": [] if p.outputs == 1 else [p.outputs], "y_type": "real", "classes": None}
+
+    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(x: [B, d], y)`` with ``y: [B]`` (labels, or one real output) or ``[B, outputs]``."""
+        p = self.params
+        require_x(x, self.name)
+        if p.likelihood == "categorical":
+            yt = as_labels(y, "y", p.outputs)
+        elif p.outputs == 1:
+            yt = as_matrix(y, "y", 1)[:, 0]
+        else:
+            yt = as_matrix(y, "y", p.outputs)
+        xt = as_matrix(x, "x", p.features)
+        check_nonempty_and_aligned(xt, yt)
+        return xt, yt
+
+    def forward(self, values: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Network outputs ``[M, B, outputs]`` for ``x: [B, d]``, batched over particles."""
+        L = len(self.widths) - 1
+        # first layer: x is shared by all particles
+        h = torch.einsum("bd,mhd->mbh", x, values["W0"]) + values["b0"][:, None, :]
+        for i in range(1, L):
+            h = torch.baddbmm(values[f"b{i}"][:, None, :], torch.tanh(h), values[f"W{i}"].transpose(1, 2))
+        return h
+
+    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        s = self.params.prior_std
+        total = 0.0
+        for spec in self.space.specs:
+            v = values[spec.name]
+            total = total + normal_log_prob(v, 0.0, s).reshape(v.shape[0], -1).sum(-1)
+        return total
+
+    def log_likelihood_constrained(self, values, x, y):
+        """``[M, B]`` (nats) for ``x: [B, d]`` and ``y`` as returned by :meth:`validate`."""
+        out = self.forward(values, x)  # [M, B, O]
+        if self.params.likelihood == "categorical":
+            logp = torch.log_softmax(out, dim=-1)
+            idx = y.long()[None, :, None].expand(out.shape[0], -1, 1)
+            return logp.gather(-1, idx)[..., 0]
+        yy = y[:, None] if y.ndim == 1 else y
+        return normal_log_prob(yy[None], out, self.params.noise_std).sum(-1)
+
+    def sample_prior_constrained(self, generator, M, dtype, device):
+        s = self.params.prior_std
+        return {
+            spec.name: s * torch.randn(M, *spec.shape, generator=generator, dtype=dtype, device=device)
+            for spec in self.space.specs
+        }

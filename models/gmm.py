@@ -1,0 +1,90 @@
+"""Gaussian mixture with diagonal covariances, latent assignments marginalised (thesis §5.2.3).
+
+``p(y | θ) = Σ_k β_k Π_j N(y_j; μ_kj, σ²_kj)`` with ``β ~ Dirichlet(α 1_K)``,
+``σ²_kj ~ InvGamma(variance_shape, variance_scale)`` and ``μ_kj | σ²_kj ~ N(0, mean_scale·σ²_kj)``.
+With one component the evidence is closed form
+(:func:`models.conjugate.gmm_one_component_log_evidence`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from pydantic import Field
+from torch.distributions import Dirichlet, InverseGamma, constraints
+
+from models.base import (
+    Family,
+    HyperParams,
+    ParameterSpec,
+    as_matrix,
+    check_nonempty_and_aligned,
+    normal_log_prob,
+    require_no_x,
+)
+
+
+class GaussianMixtureParams(HyperParams):
+    dim: int = Field(..., ge=1, le=1_000, description="d, the dimension of one observation")
+    components: int = Field(..., ge=1, le=1_000, description="K, the number of mixture components")
+    dirichlet_alpha: float = Field(1.0, gt=0, description="α of the symmetric Dirichlet prior on the weights")
+    variance_shape: float = Field(1.0, gt=0, description="shape of the inverse-gamma prior on each variance")
+    variance_scale: float = Field(1.0, gt=0, description="scale of the inverse-gamma prior on each variance")
+    mean_scale: float = Field(4.0, gt=0, description="prior variance of each mean, in units of its component variance")
+
+
+class GaussianMixture(Family):
+    name = "gmm"
+    Params = GaussianMixtureParams
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        K, d = self.params.components, self.params.dim
+        return [
+            ParameterSpec("weights", (K,), constraints.simplex),
+            ParameterSpec("means", (K, d)),
+            ParameterSpec("variances", (K, d), constraints.positive),
+        ]
+
+    def observation_schema(self) -> dict[str, Any]:
+        d = self.params.dim
+        return {"x": None, "y": [] if d == 1 else [d], "y_type": "real", "classes": None}
+
+    def validate(self, x: Any, y: Any) -> tuple[None, torch.Tensor]:
+        """``y``: numbers (dim = 1) or rows of ``dim`` numbers; no ``x``. Returns ``(None, y: [B, dim])``."""
+        require_no_x(x, self.name)
+        yt = as_matrix(y, "y", self.params.dim)
+        check_nonempty_and_aligned(None, yt)
+        return None, yt
+
+    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        p = self.params
+        w, mu, var = values["weights"], values["means"], values["variances"]
+        alpha = torch.full((p.components,), p.dirichlet_alpha, dtype=w.dtype, device=w.device)
+        lp = Dirichlet(alpha, validate_args=False).log_prob(w)
+        shape = torch.tensor(p.variance_shape, dtype=var.dtype, device=var.device)
+        scale = torch.tensor(p.variance_scale, dtype=var.dtype, device=var.device)
+        lp = lp + InverseGamma(shape, scale, validate_args=False).log_prob(var).sum((-2, -1))
+        return lp + normal_log_prob(mu, 0.0, torch.sqrt(p.mean_scale * var)).sum((-2, -1))
+
+    def log_likelihood_constrained(self, values, x, y):
+        """``weights: [M, K]``, ``means, variances: [M, K, d]``, ``y: [B, d]`` -> ``[M, B]`` (nats)."""
+        mu, var = values["means"], values["variances"]
+        if y.ndim == 1:
+            y = y[:, None]
+        z2 = (y[None, :, None, :] - mu[:, None]) ** 2 / var[:, None]  # [M, B, K, d]
+        comp = -0.5 * (z2.sum(-1) + torch.log(var).sum(-1)[:, None, :] + y.shape[-1] * math.log(2 * math.pi))
+        return torch.logsumexp(torch.log(values["weights"])[:, None, :] + comp, dim=-1)
+
+    def sample_prior_constrained(self, generator, M, dtype, device):
+        p = self.params
+        K, d = p.components, p.dim
+        g = torch._standard_gamma(torch.full((M, K), p.dirichlet_alpha, dtype=dtype, device=device), generator=generator)
+        tiny = torch.finfo(dtype).tiny  # a Gamma draw can underflow to 0 for small shapes
+        g = g.clamp_min(tiny)
+        weights = g / g.sum(-1, keepdim=True)
+        gv = torch._standard_gamma(torch.full((M, K, d), p.variance_shape, dtype=dtype, device=device), generator=generator)
+        var = p.variance_scale / gv.clamp_min(tiny)  # InvGamma(shape, scale) = scale / Gamma(shape, 1)
+        means = torch.sqrt(p.mean_scale * var) * torch.randn(M, K, d, generator=generator, dtype=dtype, device=device)
+        return {"weights": weights, "means": means, "variances": var}

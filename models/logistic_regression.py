@@ -1,0 +1,71 @@
+"""Bayesian multinomial logistic regression (thesis §5.2.2).
+
+``p(y = k | x, W, b) = softmax(W x + b)_k`` with ``W: [K, d]``, ``b: [K]``, every entry
+``~ N(0, prior_std²)``.  Labels are ``0..K-1``.  No closed-form evidence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from models.base import (
+    Family,
+    HyperParams,
+    ParameterSpec,
+    as_labels,
+    as_matrix,
+    check_nonempty_and_aligned,
+    normal_log_prob,
+    require_x,
+)
+
+
+class LogisticRegressionParams(HyperParams):
+    features: int = Field(..., ge=1, le=10_000, description="d, the number of covariates")
+    classes: int = Field(..., ge=2, le=10_000, description="K, the number of classes (labels 0..K-1)")
+    prior_std: float = Field(1.0, gt=0, description="prior standard deviation of W and b")
+
+
+class LogisticRegression(Family):
+    name = "logistic_regression"
+    Params = LogisticRegressionParams
+
+    def parameter_specs(self) -> list[ParameterSpec]:
+        p = self.params
+        return [ParameterSpec("W", (p.classes, p.features)), ParameterSpec("b", (p.classes,))]
+
+    def observation_schema(self) -> dict[str, Any]:
+        return {"x": self.params.features, "y": [], "y_type": "label", "classes": self.params.classes}
+
+    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: rows of ``features`` numbers; ``y``: integer labels in ``0..classes-1``.
+
+        Returns ``(x: [B, d], y: [B])`` float64 (labels as whole numbers).
+        """
+        require_x(x, self.name)
+        yt = as_labels(y, "y", self.params.classes)
+        xt = as_matrix(x, "x", self.params.features)
+        check_nonempty_and_aligned(xt, yt)
+        return xt, yt
+
+    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        s = self.params.prior_std
+        return normal_log_prob(values["W"], 0.0, s).sum((-2, -1)) + normal_log_prob(values["b"], 0.0, s).sum(-1)
+
+    def log_likelihood_constrained(self, values, x, y):
+        """``W: [M, K, d]``, ``b: [M, K]``, ``x: [B, d]``, ``y: [B]`` -> ``[M, B]`` (nats)."""
+        logits = torch.einsum("bd,mkd->mbk", x, values["W"]) + values["b"][:, None, :]  # [M, B, K]
+        logp = torch.log_softmax(logits, dim=-1)
+        idx = y.long()[None, :, None].expand(logp.shape[0], -1, 1)
+        return logp.gather(-1, idx)[..., 0]
+
+    def sample_prior_constrained(self, generator, M, dtype, device):
+        p = self.params
+        s = p.prior_std
+        return {
+            "W": s * torch.randn(M, p.classes, p.features, generator=generator, dtype=dtype, device=device),
+            "b": s * torch.randn(M, p.classes, generator=generator, dtype=dtype, device=device),
+        }
