@@ -203,6 +203,24 @@ class Family(ABC):
         values = self.sample_prior_constrained(generator, M, dtype, torch.device(device))
         return self.space.unconstrain(values)
 
+    #: True when the family overrides :meth:`grad_log_likelihood` and :meth:`grad_log_prior`
+    #: with closed forms; the SGHMC gradient estimators then skip autograd.
+    analytic_gradients: bool = False
+
+    def grad_log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+        """``∇_θ Σ_b log p(y_b | x_b, θ_m)``: ``theta: [M, D]`` -> ``[M, D]``. Autograd unless overridden."""
+        with torch.enable_grad():
+            t = theta.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.log_likelihood(t, x, y).sum(), t)
+        return g
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """``∇_θ log p(θ)`` (log-|J| included): ``theta: [M, D]`` -> ``[M, D]``. Autograd unless overridden."""
+        with torch.enable_grad():
+            t = theta.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.log_prior(t).sum(), t)
+        return g
+
     def prepare(
         self, x: torch.Tensor | None, y: torch.Tensor, context: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:

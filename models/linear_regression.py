@@ -54,6 +54,18 @@ class LinearRegression(Family):
         mean = values["w"] @ x.T + values["b"][:, None]  # [M, B]
         return normal_log_prob(y[None, :], mean, self.params.noise_std)
 
+    analytic_gradients = True
+
+    def grad_log_likelihood(self, theta, x, y):
+        """Closed form: ``r = y − w·x − b``; ``∇_w = r x / σ²``, ``∇_b = Σ r / σ²``. ``[M, D]``."""
+        w, b = theta[:, :-1], theta[:, -1]
+        r = (y[None, :] - w @ x.T - b[:, None]) / self.params.noise_std**2  # [M, B]
+        return torch.cat([r @ x, r.sum(-1, keepdim=True)], dim=-1)
+
+    def grad_log_prior(self, theta):
+        """``−θ / prior_std²`` (w and b are unconstrained, so no Jacobian term)."""
+        return -theta / self.params.prior_std**2
+
     def sample_prior_constrained(self, generator, M, dtype, device):
         s = self.params.prior_std
         d = self.params.features

@@ -46,6 +46,12 @@ def minibatch_gradient(
 ) -> torch.Tensor:
     """``∇Û(θ)`` with the plain mini-batch estimator (thesis eq. 4.14); ``theta: [M, D]`` -> ``[M, D]``."""
 
+    if family.analytic_gradients:
+        g = -family.grad_log_prior(theta) - lam * family.grad_log_likelihood(theta, block.x, block.y)
+        if batch is not None and n_prev > 0:
+            g = g - (n_prev / batch.y.shape[0]) * family.grad_log_likelihood(theta, batch.x, batch.y)
+        return g
+
     def neg_log_target(t: torch.Tensor) -> torch.Tensor:
         out = -family.log_prior(t) - lam * family.log_likelihood(t, block.x, block.y).sum(-1)
         if batch is not None and n_prev > 0:
@@ -78,6 +84,14 @@ def control_variate_gradient(
     if batch is None or n_prev == 0:
         return minibatch_gradient(family, theta, block=block, lam=lam, batch=None, n_prev=0)
     scale = n_prev / batch.y.shape[0]
+    if family.analytic_gradients:
+        gb = family.grad_log_likelihood(torch.cat([theta, anchor], 0), batch.x, batch.y)
+        return (
+            -family.grad_log_prior(theta)
+            - lam * family.grad_log_likelihood(theta, block.x, block.y)
+            - scale * (gb[:M] - gb[M:])
+            - anchor_grad
+        )
 
     def objective(z: torch.Tensor) -> torch.Tensor:
         t, a = z[:M], z[M:]
@@ -97,6 +111,5 @@ def history_gradient(
     total = torch.zeros_like(anchor)
     for start in range(0, y.shape[0], chunk):
         xs = x[start : start + chunk] if x is not None else None
-        ys = y[start : start + chunk]
-        total += _grad(lambda t: family.log_likelihood(t, xs, ys).sum(-1), anchor)
+        total += family.grad_log_likelihood(anchor, xs, y[start : start + chunk])
     return total

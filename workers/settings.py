@@ -21,6 +21,11 @@ class SamplerSettings(BaseModel):
     batch_size: int = Field(500, ge=1, le=1_000_000, description="|B|, mini-batch size drawn from the history")
     block_size: int = Field(500, ge=1, le=1_000_000, description="larger chunks are split into blocks of this size")
     learning_rate: float = Field(0.1, gt=0, le=10, description="η·n, the SGHMC learning rate per observation")
+    learning_rate_schedule: Literal["annealed", "block"] = Field(
+        "annealed",
+        description="annealed: η = learning_rate / (n_prev + λ|C|), the data in the current target; "
+        "block: η = learning_rate / n for the whole block (thesis §5.1.1)",
+    )
     momentum_decay: float = Field(0.2, gt=0, le=1, description="α, the SGHMC friction (eq. 2.53)")
     burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
     ess_target: float = Field(0.5, gt=0, lt=1, description="target conditional ESS per annealing step, a fraction of particles")

@@ -195,7 +195,8 @@ def absorb_block(
             resampled = True
         # η = learning_rate / (observations in the current target): the thesis's η = 0.1/n at
         # λ = 1, but a larger step while λ·|C| is small and the target is still wide.
-        step_size = settings.learning_rate / max(n_prev + lam * B, 1.0)
+        n_target = n_prev + lam * B if settings.learning_rate_schedule == "annealed" else n
+        step_size = settings.learning_rate / max(n_target, 1.0)
         for _ in range(settings.burn_in):
             theta, velocity = sghmc_step(
                 generator,

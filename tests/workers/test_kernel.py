@@ -202,3 +202,15 @@ def test_restore_without_history_needs_the_stream() -> None:
     e.update(x, y)
     with pytest.raises(ValueError, match="history"):
         ModelEngine.from_bytes(e.to_bytes(include_history=False))
+
+
+def test_analytic_gradients_match_autograd() -> None:
+    from models.base import Family
+
+    family = make_family("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 2.0})
+    assert family.analytic_gradients
+    g = torch.Generator().manual_seed(5)
+    theta = torch.randn(4, family.dim, generator=g, dtype=torch.float64)
+    x, y = linear_data(30)
+    assert torch.allclose(family.grad_log_likelihood(theta, x, y), Family.grad_log_likelihood(family, theta, x, y))
+    assert torch.allclose(family.grad_log_prior(theta), Family.grad_log_prior(family, theta))
