@@ -1,0 +1,99 @@
+"""Chunks: validate with the stream's family, append to the stream log (API.md "Chunks")."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Response, status
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import Counter
+
+from models import Family, ObservationError, make_family
+from service import records, store
+from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
+from service.keys import Keys
+from service.schemas import ChunkAck, ChunkIn, Name, StreamModel, StreamOut
+from service.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["chunks"])
+
+CHUNKS_INGESTED = Counter("sgais_chunks_ingested_total", "chunks appended to stream logs")
+OBSERVATIONS_INGESTED = Counter("sgais_observations_ingested_total", "observations appended to stream logs")
+_INLINE_ROWS = 5000  # larger chunks are validated in a thread so the event loop keeps serving
+
+
+@lru_cache(maxsize=256)
+def stream_family(family: str, params_json: str) -> Family:
+    return make_family(family, json.loads(params_json))
+
+
+def observation_422(err: ObservationError) -> HTTPException:
+    loc: list[Any] = ["body", err.field] + ([err.row] if err.row is not None else [])
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                         [{"loc": loc, "msg": str(err), "type": "observation_error"}])
+
+
+async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: str, body: ChunkIn) -> dict[str, Any]:
+    """Validate ``body`` fully with the stream's family, then append it atomically; the ack body.
+
+    Raises HTTPException 404 (no stream), 413 (too many observations), 422 (invalid values), 409 (seq).
+    """
+    n = len(body.y)
+    if n > settings.max_chunk_observations:
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
+                            f"y: {n} observations exceed SGAIS_MAX_CHUNK_OBSERVATIONS={settings.max_chunk_observations}")
+    meta = await store.get_meta(r, keys, tenant, stream)
+    family = stream_family(meta["family"], meta["params"])
+    try:
+        if n > _INLINE_ROWS:
+            x, y = await run_in_threadpool(family.validate, body.x, body.y)
+        else:
+            x, y = family.validate(body.x, body.y)
+    except ObservationError as err:
+        raise observation_422(err) from None
+    ack = await store.ingest(r, keys, tenant, stream, body.seq, records.encode_chunk(x, y), int(y.shape[0]))
+    if not ack["duplicate"]:
+        CHUNKS_INGESTED.inc()
+        OBSERVATIONS_INGESTED.inc(ack["n_observations"])
+    return ack
+
+
+_responses = {404: {"description": "unknown stream or model"}, 409: {"description": "seq gap or replay with different content"},
+              413: {"description": "body or chunk too large"}, 422: {"description": "invalid observations"}}
+
+
+@router.post("/streams/{stream}/chunks", response_model=ChunkAck, status_code=202, responses=_responses)
+async def post_stream_chunk(stream: Name, body: ChunkIn, r: RedisDep, keys: KeysDep, settings: SettingsDep,
+                            tenant: TenantDep, response: Response) -> dict[str, Any]:
+    """Append a chunk to a stream (202); an identical replay of an accepted ``seq`` is 200 with duplicate=true."""
+    ack = await accept_chunk(r, keys, settings, tenant, stream, body)
+    if ack["duplicate"]:
+        response.status_code = status.HTTP_200_OK
+    return ack
+
+
+@router.post("/models/{model}/chunks", response_model=ChunkAck, status_code=202, responses=_responses)
+async def post_model_chunk(model: Name, body: ChunkIn, r: RedisDep, keys: KeysDep, settings: SettingsDep,
+                           tenant: TenantDep, response: Response) -> dict[str, Any]:
+    """Append a chunk to the model's stream."""
+    cfg = await store.get_model(r, keys, tenant, model)
+    ack = await accept_chunk(r, keys, settings, tenant, cfg["stream"], body)
+    if ack["duplicate"]:
+        response.status_code = status.HTTP_200_OK
+    return ack
+
+
+@router.get("/streams/{stream}", response_model=StreamOut, response_model_by_alias=True)
+async def get_stream(stream: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
+    """The stream's schema, chunk and observation counts, and how far each model has got."""
+    meta = await store.get_meta(r, keys, tenant, stream)
+    names = sorted(await r.smembers(keys.stream_models(tenant, stream)))
+    pipe = r.pipeline(transaction=False)
+    for m in names:
+        pipe.hmget(keys.checkpoint(tenant, m), ["chunks", "observations"])
+    models = [StreamModel(name=m, chunks_processed=int(c or 0), observations_processed=int(o or 0))
+              for m, (c, o) in zip(names, await pipe.execute())]
+    return {"name": stream, "schema": json.loads(meta["schema"]), "chunks": int(meta.get("chunks", 0)),
+            "observations": int(meta.get("observations", 0)), "models": models}

@@ -1,0 +1,49 @@
+"""Evidence, trace, parameter posterior and model comparison (API.md "Evidence", "Model comparison")."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from service import store
+from service.deps import KeysDep, RedisDep, TenantDep
+from service.schemas import Evidence, Name, Posterior, StreamPosterior, Trace
+
+router = APIRouter(prefix="/v1", tags=["evidence"])
+
+
+@router.get("/models/{model}/evidence", response_model=Evidence)
+async def get_evidence(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
+    """Running log-evidence (nats) and the last processed block."""
+    cfg = await store.get_model(r, keys, tenant, model)
+    return await store.evidence(r, keys, tenant, cfg)
+
+
+@router.get("/models/{model}/trace", response_model=Trace)
+async def get_trace(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep,
+                    since_index: Annotated[int, Query(ge=0)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> dict[str, Any]:
+    """Rows of processed blocks with ``first_index ≥ since_index``, in stream order (the evidence curve)."""
+    await store.get_model(r, keys, tenant, model)
+    rows = await r.zrangebyscore(keys.trace(tenant, model), since_index, "+inf", start=0, num=limit)
+    return {"items": [json.loads(row) for row in rows]}
+
+
+@router.get("/models/{model}/posterior", response_model=Posterior,
+            responses={409: {"description": "not yet initialised by a worker"}})
+async def get_posterior(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
+    """Posterior summary of every constrained parameter (weighted mean, std, 5%/95% quantiles)."""
+    await store.get_model(r, keys, tenant, model)
+    raw = await r.hget(keys.checkpoint(tenant, model), "posterior")
+    if raw is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"model {model!r} has not been picked up by a worker yet")
+    return json.loads(raw)
+
+
+@router.get("/streams/{stream}/posterior", response_model=StreamPosterior)
+async def get_stream_posterior(stream: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
+    """Posterior model probabilities at the largest observation count every model has processed."""
+    await store.get_meta(r, keys, tenant, stream)
+    return await store.stream_posterior(r, keys, tenant, stream)

