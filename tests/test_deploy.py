@@ -51,6 +51,8 @@ METRICS = {
     "sgais_http_request_seconds",
     "sgais_worker_leases",
 }
+# Exported by the workers' own /metrics (workers/runner.py) beyond the contract above.
+WORKER_METRICS = {"sgais_worker_observations_total"}
 SUFFIXES = ("_bucket", "_count", "_sum", "_total")
 METRIC_RE = re.compile(r"\bsgais_[a-z_]+")
 
@@ -292,6 +294,7 @@ def test_dashboard_structure(dashboard):
             assert len(ref_ids) == len(set(ref_ids)), p["title"]
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert "stream" in variables and variables["stream"]["multi"]
+    assert "tenant" in variables  # the API's model gauges carry a tenant label
     repeated = [p for p in panels if p.get("repeat")]
     assert all(p["repeat"] in variables for p in repeated)
 
@@ -310,10 +313,11 @@ def test_every_datasource_is_the_provisioned_one(dashboard, datasource):
 
 
 def metric_family(name: str) -> str | None:
-    if name in METRICS:
+    known = METRICS | WORKER_METRICS
+    if name in known:
         return name
     for suffix in SUFFIXES:
-        if name.endswith(suffix) and name.removesuffix(suffix) in METRICS:
+        if name.endswith(suffix) and name.removesuffix(suffix) in known:
             return name.removesuffix(suffix)
     return None
 
@@ -325,6 +329,24 @@ def test_dashboard_uses_only_exported_metrics(dashboard):
     families = {metric_family(m) for m in used}
     # Every family the operations contract asks to see has a panel.
     assert METRICS - families == set(), METRICS - families
+
+
+def test_dashboard_jobs_are_scraped(dashboard):
+    """`job="..."` selectors name jobs of deploy/prometheus.yml (the API re-exports the
+    cluster-wide block histogram, alert counts and leases from Redis; the workers export their
+    own, so panels pick one job to avoid counting twice)."""
+    jobs = {job["job_name"] for job in load_yaml(PROMETHEUS_PATH)["scrape_configs"]}
+    used = {m for expr in expressions(dashboard) for m in re.findall(r'job="([^"]+)"', expr)}
+    assert used and used <= jobs, used - jobs
+
+
+def test_service_code_defines_the_metrics():
+    """Each metric family of the contract is named in the service's or workers' source
+    (prometheus_client appends `_total` to counters, so the literal may lack it)."""
+    source = "\n".join(p.read_text() for d in ("service", "workers") for p in (ROOT / d).rglob("*.py"))
+    literals = set(re.findall(r'"(sgais_[a-z_]+)"', source))
+    missing = sorted(m for m in METRICS | WORKER_METRICS if m not in literals and m.removesuffix("_total") not in literals)
+    assert not missing, f"dashboard metrics not defined in service/ or workers/: {missing}"
 
 
 def test_metric_name_check_catches_a_typo():
