@@ -1,0 +1,155 @@
+"""Exactly-once under crashes: SIGKILLed workers, racing workers, a Redis restart with AOF."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import redis
+import torch
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from tests.conftest import SMALL_MODEL, wait_until
+from tests.integration.helpers import linear_chunks, reference_trace, strip
+
+MODELS = {f"m{i}": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 10 + i, "block_size": 100}}
+          for i in range(3)}
+
+
+def start_worker(settings) -> subprocess.Popen:
+    env = {**os.environ, "SGAIS_REDIS_URL": settings.redis_url, "SGAIS_KEY_PREFIX": settings.key_prefix,
+           "SGAIS_LEASE_TTL_SECONDS": "1.0", "SGAIS_HEARTBEAT_SECONDS": "0.2", "SGAIS_POLL_SECONDS": "0.1"}
+    return subprocess.Popen([sys.executable, "-m", "workers.runner"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def processed(client, chunks: int) -> bool:
+    models = client.get("/v1/streams/s").json()["models"]
+    return all(m["chunks_processed"] == chunks for m in models)
+
+
+def progress(client) -> int:
+    return sum(m["chunks_processed"] for m in client.get("/v1/streams/s").json()["models"])
+
+
+def check_traces(client, chunks):
+    for name, model in MODELS.items():
+        trace = client.get(f"/v1/models/{name}/trace", params={"limit": 10000}).json()["items"]
+        firsts = [r["first_index"] for r in trace]
+        assert len(firsts) == len(set(firsts)), f"{name}: a block was applied twice"
+        assert strip(trace) == strip(reference_trace(model, chunks)), name
+
+
+@pytest.fixture
+def api(settings):
+    with TestClient(create_app(settings, workers=0)) as c:
+        for name, model in MODELS.items():
+            assert c.post("/v1/models", json={"name": name, "stream": "s", **model}).status_code == 201
+        yield c
+
+
+def test_sigkilled_worker_resumes_bit_identical(api, settings):
+    chunks = linear_chunks(12, 300, seed=5)
+    g = torch.Generator().manual_seed(1)
+    posted, kills = 0, 0
+    worker = start_worker(settings)
+    try:
+        while posted < len(chunks) or kills < 3:
+            for c in chunks[posted:posted + 4]:
+                assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
+            posted = min(posted + 4, len(chunks))
+            before = progress(api)
+            wait_until(lambda: progress(api) > before or processed(api, posted), timeout=60)
+            time.sleep(float(torch.rand(1, generator=g)) * 0.3)  # a random moment, often mid-chunk
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            kills += 1
+            worker = start_worker(settings)
+        wait_until(lambda: processed(api, len(chunks)), timeout=90)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert kills >= 3
+    check_traces(api, chunks)
+
+
+def test_racing_workers_apply_each_block_once(api, settings):
+    chunks = linear_chunks(10, 300, seed=6)
+    workers = [start_worker(settings), start_worker(settings)]
+    try:
+        for i, c in enumerate(chunks):
+            assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
+            if i == 5:  # one of them dies; the other must take its models over
+                workers[0].send_signal(signal.SIGKILL)
+        wait_until(lambda: processed(api, len(chunks)), timeout=90)
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    check_traces(api, chunks)
+    for name in MODELS:
+        ev = api.get(f"/v1/models/{name}/evidence").json()
+        assert ev["observations"] == 3000 and ev["chunks_processed"] == 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _redis_server(port: int, directory: str) -> subprocess.Popen:
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", directory,
+                             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = redis.Redis(port=port)
+    wait_until(lambda: _pings(r), timeout=10)
+    return proc
+
+
+def _pings(r) -> bool:
+    try:
+        return r.ping()
+    except redis.ConnectionError:
+        return False
+
+
+def test_redis_restart_loses_no_acknowledged_chunk(settings):
+    port, directory = _free_port(), tempfile.mkdtemp(prefix="sgais-aof-")
+    server = _redis_server(port, directory)
+    s = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0"})
+    chunks = linear_chunks(8, 200, seed=7)
+    model = MODELS["m0"]
+    try:
+        with TestClient(create_app(s, workers=1)) as c:
+            assert c.post("/v1/models", json={"name": "m0", "stream": "s", **model}).status_code == 201
+            for ch in chunks[:5]:
+                assert c.post("/v1/streams/s/chunks", json=ch).status_code == 202
+            server.send_signal(signal.SIGKILL)  # no shutdown save: only the AOF survives
+            server.wait()
+            server = _redis_server(port, directory)
+            body = wait_until(lambda: _stream(c), timeout=20)
+            assert body["chunks"] == 5 and body["observations"] == 1000
+            for ch in chunks[5:]:
+                assert c.post("/v1/streams/s/chunks", json=ch).status_code == 202
+            wait_until(lambda: c.get("/v1/models/m0/evidence").json()["chunks_processed"] == 8, timeout=60)
+            trace = c.get("/v1/models/m0/trace").json()["items"]
+            assert strip(trace) == strip(reference_trace(model, chunks))
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _stream(c):
+    try:
+        res = c.get("/v1/streams/s")
+    except redis.ConnectionError:
+        return None
+    return res.status_code == 200 and res.json()
