@@ -1,0 +1,183 @@
+"""Change-point alerts of SGAIS models on river's seven annotated series, scored like TCPDBench.
+
+Per series, competing models run directly on :class:`workers.engine.ModelEngine` (no service) on
+standardised values, in small blocks; the detector (:mod:`workers.alerts`) reads each model's
+trace. The SGAIS prediction of a series is the alerts of its most probable model at the end
+(largest log-evidence, all models seeing the same data): model choice by evidence, no labels.
+Baselines: no change points at all ("zero"), and river's drift detectors with default settings
+fed the same standardised values (one detector per column, detections pooled).
+
+Metrics: bench/tcpd_metrics.py (F1 with a 5-observation margin, segmentation covering).
+
+    python bench/changepoints.py [--block 5] [--refresh]
+
+Traces are cached in bench/out/ (the detector can be re-scored without re-running SGAIS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tcpd_metrics import covering, f1_score  # noqa: E402
+
+from service.datasets import SERIES, load_series  # noqa: E402
+from workers import alerts  # noqa: E402
+from workers.engine import ModelEngine  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def model_specs(d: int) -> dict[str, list[tuple[str, dict]]]:
+    """Competing models for a d-column series: name -> list of (family, params) run per column or jointly.
+
+    A model with one entry per column is the product of independent per-column models; its
+    log-evidence is the sum of theirs, comparable with the joint ``gmm`` models.
+    """
+    per_col = lambda fam, p: [(fam, p)] * d  # noqa: E731
+    return {
+        "ar1": per_col("autoregressive", {"order": 1}),
+        "ar2": per_col("autoregressive", {"order": 2}),
+        "gmm1": [("gmm", {"dim": d, "components": 1})],
+        "gmm2": [("gmm", {"dim": d, "components": 2})],
+    }
+
+
+def run_model(parts: list[tuple[str, dict]], z: np.ndarray, sampler: dict) -> list[list[dict]]:
+    """Run each part on its column (or all columns when there is one part for d > 1): trace rows per part."""
+    traces = []
+    for j, (family, params) in enumerate(parts):
+        if family == "gmm":
+            y = z.tolist() if z.shape[1] > 1 else z[:, 0].tolist()
+        else:
+            y = z[:, j].tolist()
+        eng = ModelEngine(family, params, sampler)
+        rows = []
+        for k, info in enumerate(eng.update(None, y)):
+            # blocks cut the stream every block_size values; `observations` counts the rows that
+            # entered the likelihood (an AR model conditions on its first `order` values)
+            rows.append({"first_index": k * sampler["block_size"], "observations": info.observations,
+                         "log_predictive": info.log_predictive, "annealing_steps": info.annealing_steps,
+                         "ess": info.ess, "log_evidence": info.log_evidence})
+        traces.append(rows)
+    return traces
+
+
+def compute_traces(block: int, sampler_extra: dict, refresh: bool) -> dict:
+    sampler = {"block_size": block, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": 0, **sampler_extra}
+    key = hashlib.sha1(json.dumps(sampler, sort_keys=True).encode()).hexdigest()[:10]
+    path = OUT / f"changepoint_traces_{key}.json"
+    if path.exists() and not refresh:
+        return json.loads(path.read_text())
+    torch.set_num_threads(1)
+    out = {"sampler": sampler, "series": {}}
+    for name in SERIES:
+        s = load_series(name)
+        z = s.standardised()
+        out["series"][name] = {}
+        for model, parts in model_specs(z.shape[1]).items():
+            t0 = time.perf_counter()
+            traces = run_model(parts, z, sampler)
+            out["series"][name][model] = {"traces": traces, "seconds": time.perf_counter() - t0,
+                                          "log_evidence": sum(t[-1]["log_evidence"] for t in traces)}
+            print(f"  {name:18s} {model:5s} log Z={out['series'][name][model]['log_evidence']:10.2f} "
+                  f"({out['series'][name][model]['seconds']:.1f} s)", flush=True)
+    OUT.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out))
+    return out
+
+
+def merge(points: list[int], margin: int) -> list[int]:
+    """Pool detections: keep the first of any run of points closer than ``margin``."""
+    kept: list[int] = []
+    for p in sorted(points):
+        if not kept or p - kept[-1] > margin:
+            kept.append(p)
+    return kept
+
+
+def sgais_points(traces: list[list[dict]], settings: alerts.AlertSettings, kinds=("evidence_drop", "annealing_spike")) -> list[int]:
+    """Change locations of the detector run over each part's trace, pooled."""
+    pts = []
+    for rows in traces:
+        state = alerts.initial_state()
+        for row in rows:
+            state, found = alerts.detect(state, settings, row)
+            pts += [a["observation_index"] for a in found if a["kind"] in kinds]
+    return merge(pts, 5)
+
+
+def river_points(detector_cls, z: np.ndarray) -> list[int]:
+    """Indices where river's detector (default settings, one per column) flags drift, pooled."""
+    pts = []
+    for j in range(z.shape[1]):
+        det = detector_cls() if detector_cls.__name__ != "KSWIN" else detector_cls(seed=0)
+        for t, v in enumerate(z[:, j]):
+            det.update(float(v))
+            if det.drift_detected:
+                pts.append(t)
+    return merge(pts, 5)
+
+
+def score(data: dict, settings: alerts.AlertSettings, verbose: bool = True) -> dict[str, tuple[float, float]]:
+    from river import drift
+
+    methods = {"zero": None, "PageHinkley": drift.PageHinkley, "ADWIN": drift.ADWIN, "KSWIN": drift.KSWIN,
+               "sgais": "leader", "sgais-ar1": "ar1", "sgais-gmm1": "gmm1"}
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
+    lines = []
+    for name in SERIES:
+        s = load_series(name)
+        z = s.standardised()
+        models = data["series"][name]
+        leader = max(models, key=lambda m: models[m]["log_evidence"])
+        row = [name, leader]
+        for m, how in methods.items():
+            if how is None:
+                pts = []
+            elif isinstance(how, str):
+                pts = sgais_points(models[leader if how == "leader" else how]["traces"], settings)
+            else:
+                pts = river_points(how, z)
+            f1, cov = f1_score(s.annotations, pts), covering(s.annotations, pts, s.n)
+            results[m].append((f1, cov))
+            row.append(f"{f1:.3f}/{cov:.3f}")
+        lines.append(row)
+    mean = {m: (float(np.mean([r[0] for r in v])), float(np.mean([r[1] for r in v]))) for m, v in results.items()}
+    if verbose:
+        head = ["series", "leader", *methods]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in lines:
+            print("| " + " | ".join(row) + " |")
+        print("| **mean** | | " + " | ".join(f"**{f:.3f}**/{c:.3f}" for f, c in mean.values()) + " |")
+        print("(cells: F1 / covering)")
+    return mean
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--block", type=int, default=5, help="SGAIS block size (observations)")
+    ap.add_argument("--refresh", action="store_true", help="re-run SGAIS even if traces are cached")
+    ap.add_argument("--settings", default="{}", help="AlertSettings overrides as JSON")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    data = compute_traces(args.block, {}, args.refresh)
+    settings = alerts.AlertSettings(**json.loads(args.settings))
+    print(f"block={args.block} sampler={data['sampler']} alerts={settings.model_dump()}")
+    score(data, settings)
+    print(f"{time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""PNG plots of the demo (matplotlib, Agg backend): one three-panel figure per series."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+KIND_STYLE = {"evidence_drop": ("red", "-"), "annealing_spike": ("darkorange", ":"), "model_switch": ("purple", "-.")}
+
+
+def probabilities_over_time(traces: dict[str, list[dict]], priors: dict[str, float]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Model probabilities at every observation count that all models' traces share.
+
+    ``traces``: model -> trace rows (``observations`` cumulative, ``log_evidence`` running).
+    Returns (counts [K], model -> probabilities [K]); ``p ∝ prior · exp(log Z)``.
+    """
+    by_model = {m: {r["observations"]: r["log_evidence"] for r in rows} for m, rows in traces.items() if rows}
+    if not by_model:
+        return np.array([]), {}
+    common = sorted(set.intersection(*(set(d) for d in by_model.values())))
+    models = list(by_model)
+    logz = np.array([[by_model[m][n] + math.log(priors.get(m, 1.0)) for n in common] for m in models])  # [M, K]
+    logz -= logz.max(0, keepdims=True)
+    p = np.exp(logz)
+    p /= p.sum(0, keepdims=True)
+    return np.array(common), {m: p[i] for i, m in enumerate(models)}
+
+
+def series_figure(path: Path, *, title: str, values: np.ndarray, annotations: dict[str, list[int]],
+                  traces: dict[str, list[dict]], alerts: list[dict[str, Any]], priors: dict[str, float]) -> Path:
+    """Write ``path``: (1) the series with annotated change points (grey) and alerts (coloured by kind),
+    (2) each model's log-evidence relative to the models' mean, (3) model probabilities over time."""
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True, constrained_layout=True)
+    ax = axes[0]
+    ax.plot(np.arange(len(values)), values, color="black", lw=1)
+    for i, cp in enumerate(sorted({c for a in annotations.values() for c in a})):
+        ax.axvline(cp, color="grey", ls="--", lw=1, alpha=0.7, label="annotated change" if i == 0 else None)
+    seen = set()
+    for a in alerts:
+        color, ls = KIND_STYLE.get(a["kind"], ("blue", "-"))
+        label = None if a["kind"] in seen else a["kind"].replace("_", " ")
+        seen.add(a["kind"])
+        if a.get("observation_index") is not None:
+            ax.axvline(a["observation_index"], color=color, ls=ls, lw=1.5, alpha=0.8, label=label)
+    ax.set_ylabel("value (standardised)")
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize=8)
+
+    ax = axes[1]
+    rows = {m: r for m, r in traces.items() if r}
+    if rows:
+        counts, probs = probabilities_over_time(rows, priors)
+        if len(counts):
+            mean = np.mean([[{r["observations"]: r["log_evidence"] for r in rows[m]}[n] for n in counts] for m in rows], 0)
+            for m in rows:
+                lz = {r["observations"]: r["log_evidence"] for r in rows[m]}
+                ax.plot(counts, [lz[n] for n in counts] - mean, label=m)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_ylabel("log Z − mean over models (nats)")
+        ax.legend(loc="best", fontsize=8)
+        ax = axes[2]
+        for m, p in probs.items():
+            ax.plot(counts, p, label=m)
+        ax.set_ylim(-0.02, 1.02)
+    axes[2].set_ylabel("model probability")
+    axes[2].set_xlabel("observation index")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
