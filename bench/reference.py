@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -38,11 +39,13 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_methods import (  # noqa: E402
     LinearModel, LogisticModel, MixtureModel, Reference, laplace_t_importance, linear_data,
-    logistic_data, mixture_data, run_dynesty,
+    logistic_data, mixture_data, mixture_mode_importance, run_dynesty,
 )
 
 DATA_SEED = 2020
 CHUNK = 500
+RESULTS = Path(__file__).resolve().parent / "results" / "reference"
+PARTS = ("check", "is", "dynesty", "sgais")
 
 
 def sgais_runs(family: str, params: dict, x, y, seeds: int, sampler: dict) -> tuple[list[float], float]:
@@ -65,93 +68,142 @@ def sgais_runs(family: str, params: dict, x, y, seeds: int, sampler: dict) -> tu
     return values, float(np.mean(seconds))
 
 
-def pick_reference(refs: list[Reference]) -> Reference:
-    """The reference with the smallest error."""
-    return min(refs, key=lambda r: r.err)
+def cached(key: str, fn, fresh: bool = False) -> dict:
+    """Run ``fn() -> dict`` once; the result is kept in ``bench/results/reference/<key>.json``.
+
+    Parts can then run in separate processes (``--part``) and the table is assembled from the files.
+    """
+    path = RESULTS / f"{key}.json"
+    if path.exists() and not fresh:
+        return json.loads(path.read_text())
+    out = fn()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"[{key}] {out}", flush=True)
+    return out
 
 
-def row(model: str, n: int, ref: Reference, label: str, values: list[float], sg_sec: float) -> str:
-    mean, sd = float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    diff = abs(mean - ref.log_z)
-    bound = max(3 * ref.err, 1e-3 * abs(ref.log_z))
+def ref_dict(r: Reference) -> dict:
+    return {"method": r.method, "log_z": r.log_z, "err": r.err, "seconds": r.seconds, "detail": r.detail}
+
+
+def problem(name: str, n: int):
+    """``(family, params, x, y, numpy model, truth)`` for ``name`` in {logistic, gmm}."""
+    if name == "logistic":
+        x, y = logistic_data(n, 10, 4, DATA_SEED)
+        return "logistic_regression", {"features": 10, "classes": 4}, x, y, LogisticModel(x, y, 4), None
+    y, truth = mixture_data(n, 2, 5, DATA_SEED)
+    return "gmm", {"dim": 2, "components": 5}, None, y, MixtureModel(y, 5), truth
+
+
+def run_part(part: str, sizes: list[int], args) -> None:
+    if part == "check":
+        def check():
+            x, y = linear_data(1000, 43, DATA_SEED)
+            lin = LinearModel(x, y)
+            r = run_dynesty(lin.log_likelihood, lin.prior_transform, lin.ndim, nlive=args.nlive, seed=0,
+                            label="linear d=43 n=1000")
+            return {**ref_dict(r), "exact": lin.exact_log_evidence()}
+        cached(f"check_linear44_nlive{args.nlive}", check)
+        return
+    for n in sizes:
+        for name in ("logistic", "gmm"):
+            family, params, x, y, model, truth = problem(name, n)
+            if part == "is":
+                fn = (lambda: ref_dict(laplace_t_importance(model, seed=0))) if name == "logistic" else (
+                    lambda: ref_dict(mixture_mode_importance(model, truth, seed=0)))
+                cached(f"is_{name}_{n}", fn)
+            elif part == "dynesty" and (name == "gmm" or n <= args.dynesty_logistic_max_n) \
+                    and n <= args.dynesty_max_n:
+                cached(f"dynesty_{name}_{n}_nlive{args.nlive}", lambda: ref_dict(run_dynesty(
+                    model.log_likelihood, model.prior_transform, model.ndim, nlive=args.nlive, seed=0,
+                    label=f"{name} n={n}")))
+            elif part == "sgais":
+                for label, sampler in settings_for(n, args):
+                    def go():
+                        vals, sec = sgais_runs(family, params, x, y, args.seeds, sampler)
+                        return {"values": vals, "seconds": sec}
+                    cached(f"sgais_{name}_{n}_{label}_seeds{args.seeds}", go)
+
+
+def settings_for(n: int, args) -> list[tuple[str, dict]]:
+    out = [("default", {})]
+    if args.particles_extra and n <= args.extra_max_n:
+        out.append((f"particles={args.particles_extra}", {"particles": args.particles_extra}))
+    return out
+
+
+def row(model: str, n: int, ref: dict, label: str, values: list[float], sg_sec: float) -> str:
+    mean = float(np.mean(values))
+    sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    diff = abs(mean - ref["log_z"])
+    bound = max(3 * ref["err"], 1e-3 * abs(ref["log_z"]))
     verdict = "pass" if diff <= bound else f"FAIL ({diff / bound:.1f}x)"
-    return (f"| {model} | {n} | {ref.method} | {ref.log_z:.2f} ± {ref.err:.2f} | {ref.seconds:.0f} | {label} | "
-            f"{mean:.2f} ± {sd:.2f} | {sg_sec:.1f} | {diff:.2f} | {bound:.2f} | {verdict} | "
-            f"{ref.seconds / sg_sec:.1f} |")
+    return (f"| {model} | {n} | {ref['method']} | {ref['log_z']:.2f} ± {ref['err']:.2f} | {ref['seconds']:.0f} | "
+            f"{label} | {mean:.2f} ± {sd:.2f} | {sg_sec:.1f} | {diff:.2f} | {bound:.2f} | {verdict} | "
+            f"{ref['seconds'] / sg_sec:.1f} |")
 
 
 HEADER = ("| model | n | reference | ref log Z ± err | ref s | SGAIS setting | SGAIS log Z (mean ± sd) | SGAIS s | "
           "\\|diff\\| | bound | result | speed-up |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+def load(key: str) -> dict | None:
+    path = RESULTS / f"{key}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def table(sizes: list[int], args) -> str:
+    """Markdown table from the cached parts (missing parts are listed, not invented)."""
+    lines, notes = [HEADER], []
+    chk = load(f"check_linear44_nlive{args.nlive}")
+    if chk:
+        diff = chk["log_z"] - chk["exact"]
+        notes.append(f"check (44-parameter linear regression, n=1000): exact {chk['exact']:.2f}, dynesty "
+                     f"{chk['log_z']:.2f} ± {chk['err']:.2f}, diff {diff:+.2f} "
+                     f"({'within' if abs(diff) <= 3 * chk['err'] else 'OUTSIDE'} 3 err), {chk['seconds']:.0f} s")
+    else:
+        notes.append("check: not run")
+    names = {"logistic": "logistic d=10 K=4", "gmm": "gmm K=5 d=2"}
+    for n in sizes:
+        for name in ("logistic", "gmm"):
+            refs = [r for r in (load(f"is_{name}_{n}"), load(f"dynesty_{name}_{n}_nlive{args.nlive}")) if r]
+            if len(refs) == 2:
+                notes.append(f"{name} n={n}: IS {refs[0]['log_z']:.2f} ± {refs[0]['err']:.2f} vs dynesty "
+                             f"{refs[1]['log_z']:.2f} ± {refs[1]['err']:.2f} (diff {refs[0]['log_z'] - refs[1]['log_z']:+.2f})")
+            for label, _ in settings_for(n, args):
+                sg = load(f"sgais_{name}_{n}_{label}_seeds{args.seeds}")
+                if not sg:
+                    notes.append(f"{name} n={n} SGAIS {label}: not run")
+                    continue
+                notes.append(f"{name} n={n} SGAIS {label}: " + ", ".join(f"{v:.2f}" for v in sg["values"]))
+                for ref in refs:
+                    lines.append(row(names[name], n, ref, label, sg["values"], sg["seconds"]))
+            if not refs:
+                notes.append(f"{name} n={n}: no reference run")
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in notes)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n = 1000 only")
     ap.add_argument("--seeds", type=int, default=3, help="SGAIS seeds per setting")
-    ap.add_argument("--nlive", type=int, default=100, help="dynesty live points")
+    ap.add_argument("--nlive", type=int, default=50, help="dynesty live points")
     ap.add_argument("--particles-extra", type=int, default=100,
                     help="also run SGAIS with this many particles (0 = skip)")
+    ap.add_argument("--extra-max-n", type=int, default=1000, help="largest n for the extra SGAIS setting")
     ap.add_argument("--dynesty-logistic-max-n", type=int, default=1000,
-                    help="run dynesty on logistic regression only up to this n (the IS reference covers larger n)")
+                    help="dynesty on logistic regression only up to this n (the IS reference covers larger n)")
+    ap.add_argument("--dynesty-max-n", type=int, default=1000,
+                    help="dynesty only up to this n (n=10^4 takes hours on a shared 2-core machine)")
+    ap.add_argument("--part", choices=PARTS + ("table", "all"), default="all",
+                    help="run one part (results cached in bench/results/reference/) or print the table")
     args = ap.parse_args()
     sizes = [1000] if args.quick else [1000, 10_000]
-    settings = [("default", {})]
-    if args.particles_extra:
-        settings.append((f"particles={args.particles_extra}", {"particles": args.particles_extra}))
-    lines, notes = [], []
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
-        notes.append(msg)
-
-    # 1. validate the nested-sampling setup at 44 parameters against an exact evidence
-    x, y = linear_data(1000, 43, DATA_SEED)
-    lin = LinearModel(x, y)
-    exact = lin.exact_log_evidence()
-    check = run_dynesty(lin.log_likelihood, lin.prior_transform, lin.ndim, nlive=args.nlive, seed=0,
-                        label="linear d=43 n=1000")
-    ok = abs(check.log_z - exact) <= 3 * check.err
-    say(f"check: 44-parameter linear regression n=1000: exact {exact:.2f}, dynesty {check.log_z:.2f} ± "
-        f"{check.err:.2f} (diff {check.log_z - exact:+.2f}, {'within' if ok else 'OUTSIDE'} 3 err), "
-        f"{check.seconds:.0f} s; {check.detail}")
-
-    for n in sizes:
-        # 2. logistic regression d=10, K=4
-        x, y = logistic_data(n, 10, 4, DATA_SEED)
-        model = LogisticModel(x, y, 4)
-        refs = [laplace_t_importance(model, seed=0)]
-        say(f"logistic n={n}: {refs[0].method}: {refs[0].log_z:.3f} ± {refs[0].err:.3f} in {refs[0].seconds:.1f} s "
-            f"({refs[0].detail})")
-        if n <= args.dynesty_logistic_max_n:
-            r = run_dynesty(model.log_likelihood, model.prior_transform, model.ndim, nlive=args.nlive, seed=0,
-                            label=f"logistic n={n}")
-            refs.append(r)
-            say(f"logistic n={n}: {r.method}: {r.log_z:.2f} ± {r.err:.2f} in {r.seconds:.0f} s ({r.detail}); "
-                f"IS - dynesty = {refs[0].log_z - r.log_z:+.2f}")
-        ref = pick_reference(refs)
-        for label, sampler in settings:
-            vals, sec = sgais_runs("logistic_regression", {"features": 10, "classes": 4}, x, y, args.seeds, sampler)
-            say(f"logistic n={n} SGAIS {label}: {[round(v, 2) for v in vals]} ({sec:.1f} s per run)")
-            lines.append(row("logistic d=10 K=4", n, ref, label, vals, sec))
-            # dynesty's own verdict as well when it is not the primary reference
-            for other in refs:
-                if other is not ref:
-                    lines.append(row("logistic d=10 K=4", n, other, label, vals, sec))
-
-        # 3. Gaussian mixture K=5, d=2 (multimodal: IS does not apply)
-        y, truth = mixture_data(n, 2, 5, DATA_SEED)
-        gmm = MixtureModel(y, 5)
-        r = run_dynesty(gmm.log_likelihood, gmm.prior_transform, gmm.ndim, nlive=args.nlive, seed=0,
-                        label=f"gmm n={n}")
-        say(f"gmm n={n}: {r.method}: {r.log_z:.2f} ± {r.err:.2f} in {r.seconds:.0f} s ({r.detail})")
-        for label, sampler in settings:
-            vals, sec = sgais_runs("gmm", {"dim": 2, "components": 5}, None, y, args.seeds, sampler)
-            say(f"gmm n={n} SGAIS {label}: {[round(v, 2) for v in vals]} ({sec:.1f} s per run)")
-            lines.append(row("gmm K=5 d=2", n, r, label, vals, sec))
-
-    print()
-    print(HEADER)
-    print("\n".join(lines))
+    parts = PARTS if args.part == "all" else () if args.part == "table" else (args.part,)
+    for part in parts:
+        run_part(part, sizes, args)
+    print(table(sizes, args))
 
 
 if __name__ == "__main__":
