@@ -1,0 +1,336 @@
+"""Properties every family must have: vectorised densities equal per-particle references,
+transforms round-trip with the right log-|Jacobian|, priors are normalised densities on R^D,
+prior draws follow the prior, and invalid observations are rejected with field and row."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate, stats
+from torch.distributions import Categorical, Dirichlet, InverseGamma, Normal, constraints
+
+from models import ObservationError, make_family
+
+D64 = torch.float64
+
+# (family, hyperparameters) covering every parameter kind and likelihood branch.
+CASES = [
+    ("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 1.3}),
+    ("logistic_regression", {"features": 3, "classes": 4, "prior_std": 1.5}),
+    ("gmm", {"dim": 1, "components": 1}),
+    ("gmm", {"dim": 2, "components": 3, "dirichlet_alpha": 2.0, "variance_shape": 2.5, "variance_scale": 0.5,
+             "mean_scale": 3.0}),
+    ("autoregressive", {"order": 3, "noise_std": 0.5, "prior_std": 0.8}),
+    ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
+    ("bnn", {"features": 3, "hidden": [5], "outputs": 1, "noise_std": 0.4}),
+    ("bnn", {"features": 2, "hidden": [4, 3], "outputs": 2, "prior_std": 0.7}),
+    ("bnn", {"features": 3, "hidden": [6], "outputs": 3, "likelihood": "categorical"}),
+]
+IDS = [f"{f}-{i}" for i, (f, _) in enumerate(CASES)]
+
+
+def make_data(family, B: int, g: torch.Generator):
+    """Valid likelihood rows (after ``prepare``) for ``family``: ``(x, y)``."""
+    p = family.params
+    name = family.name
+    if name == "gmm":
+        y = torch.randn(B, p.dim, generator=g, dtype=D64) * 2
+        return family.validate(None, y.tolist() if p.dim > 1 else y[:, 0].tolist())
+    if name == "autoregressive":
+        _, y = family.validate(None, torch.randn(B + p.order, generator=g, dtype=D64).tolist())
+        x, y, _ = family.prepare(None, y, None)
+        return x, y
+    x = torch.randn(B, p.features, generator=g, dtype=D64)
+    if name == "logistic_regression" or (name == "bnn" and p.likelihood == "categorical"):
+        K = p.classes if name == "logistic_regression" else p.outputs
+        y = torch.randint(0, K, (B,), generator=g).tolist()
+    elif name == "bnn" and p.outputs > 1:
+        y = torch.randn(B, p.outputs, generator=g, dtype=D64).tolist()
+    else:
+        y = torch.randn(B, generator=g, dtype=D64).tolist()
+    return family.validate(x.tolist(), y)
+
+
+def reference_log_lik(family, v: dict[str, torch.Tensor], x, y) -> torch.Tensor:
+    """``[B]`` log-likelihood of ONE particle's constrained values, written with torch.distributions."""
+    p = family.params
+    name = family.name
+    if name == "linear_regression":
+        return Normal(x @ v["w"] + v["b"], p.noise_std).log_prob(y)
+    if name == "logistic_regression":
+        return Categorical(logits=x @ v["W"].T + v["b"]).log_prob(y.long())
+    if name == "gmm":
+        comps = []
+        for k in range(p.components):
+            comps.append(torch.log(v["weights"][k]) + Normal(v["means"][k], v["variances"][k].sqrt()).log_prob(y).sum(-1))
+        return torch.logsumexp(torch.stack(comps, -1), -1)
+    if name == "autoregressive":
+        std = p.noise_std if p.noise_std is not None else v["variance"].sqrt()
+        mean = torch.stack([sum(v["coefficients"][k] * x[b, k] for k in range(p.order)) for b in range(len(y))])
+        return Normal(mean + v["intercept"], std).log_prob(y)
+    if name == "bnn":
+        h = x
+        L = len(p.hidden) + 1
+        for i in range(L):
+            h = h @ v[f"W{i}"].T + v[f"b{i}"]
+            if i < L - 1:
+                h = torch.tanh(h)
+        if p.likelihood == "categorical":
+            return Categorical(logits=h).log_prob(y.long())
+        return Normal(h, p.noise_std).log_prob(y[:, None] if y.ndim == 1 else y).sum(-1)
+    raise AssertionError(name)
+
+
+def reference_log_prior(family, v: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Scalar log prior density of ONE particle's constrained values (torch.distributions)."""
+    p = family.params
+    name = family.name
+    if name == "gmm":
+        lp = Dirichlet(torch.full((p.components,), p.dirichlet_alpha, dtype=D64)).log_prob(v["weights"])
+        ig = InverseGamma(torch.tensor(p.variance_shape, dtype=D64), torch.tensor(p.variance_scale, dtype=D64))
+        lp = lp + ig.log_prob(v["variances"]).sum()
+        return lp + Normal(0.0, (p.mean_scale * v["variances"]).sqrt()).log_prob(v["means"]).sum()
+    lp = torch.zeros((), dtype=D64)
+    for spec in family.space.specs:
+        if spec.name == "variance":
+            ig = InverseGamma(torch.tensor(p.variance_shape, dtype=D64), torch.tensor(p.variance_scale, dtype=D64))
+            lp = lp + ig.log_prob(v["variance"])
+        else:
+            lp = lp + Normal(0.0, torch.tensor(p.prior_std, dtype=D64)).log_prob(v[spec.name]).sum()
+    return lp
+
+
+def flat_constrained(family, u: torch.Tensor) -> torch.Tensor:
+    """R^D -> R^D: one particle's constrained values, flattened; a simplex drops its last coordinate
+    (stick-breaking maps R^{K-1} onto the first K-1 coordinates; NumPyro test_transforms does the same)."""
+    values, _ = family.space.constrain(u[None])
+    parts = []
+    for spec in family.space.specs:
+        c = values[spec.name][0]
+        parts.append((c[..., :-1] if spec.constraint is constraints.simplex else c).reshape(-1))
+    return torch.cat(parts)
+
+
+def prior_draws(family, M=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return family.sample_prior(g, M)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_batched_log_likelihood_equals_per_particle_reference(name, params):
+    family = make_family(name, params)
+    theta = prior_draws(family)
+    x, y = make_data(family, 7, torch.Generator().manual_seed(1))
+    batched = family.log_likelihood(theta, x, y)
+    assert batched.shape == (theta.shape[0], y.shape[0])
+    values, _ = family.space.constrain(theta)
+    for m in range(theta.shape[0]):
+        v = {k: t[m] for k, t in values.items()}
+        torch.testing.assert_close(batched[m], reference_log_lik(family, v, x, y), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_log_prior_is_constrained_density_plus_autograd_log_jacobian(name, params):
+    family = make_family(name, params)
+    theta = prior_draws(family, M=6)
+    lp = family.log_prior(theta)
+    values, _ = family.space.constrain(theta)
+    for m in range(theta.shape[0]):
+        J = torch.autograd.functional.jacobian(lambda u: flat_constrained(family, u), theta[m])
+        assert J.shape == (family.dim, family.dim)
+        log_det = torch.linalg.slogdet(J).logabsdet
+        ref = reference_log_prior(family, {k: t[m] for k, t in values.items()}) + log_det
+        torch.testing.assert_close(lp[m], ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_transforms_round_trip_and_log_jacobian_matches_autograd(name, params):
+    family = make_family(name, params)
+    g = torch.Generator().manual_seed(3)
+    theta = torch.randn(5, family.dim, generator=g, dtype=D64) * 1.5
+    values, log_det = family.space.constrain(theta)
+    torch.testing.assert_close(family.space.unconstrain(values), theta, rtol=1e-8, atol=1e-8)
+    for m in range(theta.shape[0]):
+        J = torch.autograd.functional.jacobian(lambda u: flat_constrained(family, u), theta[m])
+        torch.testing.assert_close(log_det[m], torch.linalg.slogdet(J).logabsdet, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_prior_draws_use_only_the_explicit_generator(name, params):
+    family = make_family(name, params)
+    torch.manual_seed(0)
+    a = prior_draws(family, seed=7)
+    torch.manual_seed(1)
+    b = prior_draws(family, seed=7)
+    assert torch.equal(a, b) and torch.isfinite(a).all()
+    assert a.shape == (16, family.dim)
+
+
+def test_gmm_prior_on_r_d_integrates_to_one():
+    # dim 1, one component: theta = (mu, u = log sigma^2); the density on R^2 must integrate to 1.
+    # Grid quadrature (Simpson), vectorised: u on [-8, 12]; for each u the mean axis is
+    # mu = s(u) z with s(u) = sqrt(mean_scale e^u), z in [-12, 12], d mu = s(u) dz.  Outside
+    # that box the density is below ~1e-30 (Gaussian tails at 12 sd; e^{-a u} / e^{-b e^{-u}} in u).
+    family = make_family("gmm", {"dim": 1, "components": 1, "variance_shape": 2.0, "variance_scale": 1.5})
+    u = torch.linspace(-8, 12, 801, dtype=D64)
+    z = torch.linspace(-12, 12, 481, dtype=D64)
+    s = (4.0 * u.exp()).sqrt()
+    mu = s[:, None] * z[None, :]
+    theta = torch.stack([mu.reshape(-1), u[:, None].expand_as(mu).reshape(-1)], -1)
+    dens = (family.log_prior(theta).exp().reshape(mu.shape) * s[:, None]).numpy()
+    total = integrate.simpson(integrate.simpson(dens, x=z.numpy(), axis=1), x=u.numpy())
+    assert abs(total - 1.0) < 1e-6, total
+
+
+def test_gmm_simplex_block_integrates_to_the_rest_of_the_prior():
+    # Three components: integrating exp(log_prior) over the two stick-breaking coordinates leaves
+    # the (independent) prior of the means and log-variances, computed here with torch.distributions.
+    family = make_family("gmm", {"dim": 1, "components": 3, "dirichlet_alpha": 1.5})
+    theta0 = prior_draws(family, M=1, seed=5)[0]
+    values, _ = family.space.constrain(theta0[None])
+    var, mu = values["variances"][0], values["means"][0]
+    one = torch.tensor(1.0, dtype=D64)
+    rest = (InverseGamma(one, one).log_prob(var).sum() + torch.log(var).sum()
+            + Normal(0.0, (4.0 * var).sqrt()).log_prob(mu).sum())
+    grid = torch.linspace(-30, 30, 801, dtype=D64)
+    u1, u2 = torch.meshgrid(grid, grid, indexing="ij")
+    theta = theta0.repeat(u1.numel(), 1)
+    theta[:, 0], theta[:, 1] = u1.reshape(-1), u2.reshape(-1)
+    dens = (family.log_prior(theta) - rest).exp().reshape(u1.shape).numpy()
+    total = integrate.simpson(integrate.simpson(dens, x=grid.numpy(), axis=1), x=grid.numpy())
+    assert abs(total - 1.0) < 1e-6, total
+
+
+def test_autoregressive_variance_coordinate_integrates_to_the_normal_part():
+    family = make_family("autoregressive", {"order": 2, "variance_shape": 1.5, "variance_scale": 2.0})
+    theta0 = torch.tensor([0.3, -0.2, 0.1, 0.0], dtype=D64)
+    normal_part = float(Normal(0.0, torch.tensor(1.0, dtype=D64)).log_prob(theta0[:3]).sum())
+
+    def density(u):
+        t = theta0.clone()
+        t[3] = u
+        return math.exp(float(family.log_prior(t[None])) - normal_part)
+
+    total, _ = integrate.quad(density, -30, 30, epsabs=1e-10, limit=200)
+    assert abs(total - 1.0) < 1e-6
+
+
+def test_gmm_prior_draws_follow_dirichlet_and_inverse_gamma():
+    # Kolmogorov-Smirnov on 4000 deterministic draws: weights_k ~ Beta(a, (K-1)a), sigma^2 ~ InvGamma,
+    # mu / sqrt(mean_scale sigma^2) ~ N(0,1).  p > 1e-3 fails with probability 1e-3 per check if correct.
+    p = {"dim": 2, "components": 3, "dirichlet_alpha": 0.7, "variance_shape": 2.0, "variance_scale": 3.0,
+         "mean_scale": 2.0}
+    family = make_family("gmm", p)
+    values = family.sample_prior_constrained(torch.Generator().manual_seed(11), 4000, D64, torch.device("cpu"))
+    w, var, mu = values["weights"], values["variances"], values["means"]
+    torch.testing.assert_close(w.sum(-1), torch.ones(4000, dtype=D64))
+    assert stats.kstest(w[:, 0].numpy(), stats.beta(0.7, 1.4).cdf).pvalue > 1e-3
+    assert stats.kstest(var[:, 1, 0].numpy(), stats.invgamma(2.0, scale=3.0).cdf).pvalue > 1e-3
+    assert stats.kstest((mu / (2.0 * var).sqrt())[:, 2, 1].numpy(), stats.norm.cdf).pvalue > 1e-3
+
+
+def test_autoregressive_prepare_carries_context_across_blocks():
+    family = make_family("autoregressive", {"order": 3, "noise_std": 1.0})
+    series = torch.arange(1.0, 11.0, dtype=D64)  # 1..10
+    rows_x, rows_y, ctx = [], [], None
+    for block in (series[:2], series[2:3], series[3:7], series[7:]):  # first blocks shorter than p
+        x, y, ctx = family.prepare(None, block, ctx)
+        rows_x.append(x)
+        rows_y.append(y)
+    x, y = torch.cat(rows_x), torch.cat(rows_y)
+    torch.testing.assert_close(y, series[3:])
+    torch.testing.assert_close(x[0], torch.tensor([3.0, 2.0, 1.0], dtype=D64))  # y_{t-1}, y_{t-2}, y_{t-3}
+    torch.testing.assert_close(x[-1], torch.tensor([9.0, 8.0, 7.0], dtype=D64))
+    torch.testing.assert_close(ctx, series[-3:])
+    full_x, full_y, _ = family.prepare(None, series, None)
+    torch.testing.assert_close(full_x, x)
+    torch.testing.assert_close(full_y, y)
+
+
+LR = ("logistic_regression", {"features": 2, "classes": 3})
+GMM1 = ("gmm", {"dim": 1, "components": 2})
+GMM2 = ("gmm", {"dim": 2, "components": 2})
+AR = ("autoregressive", {"order": 2})
+BNN_G = ("bnn", {"features": 2, "outputs": 2})
+BNN_C = ("bnn", {"features": 2, "outputs": 3, "likelihood": "categorical"})
+NAN = float("nan")
+INF = float("inf")
+
+INVALID = [
+    # family, x, y, field, row
+    (LR, [[0, 1], [1, 2]], [0, 3], "y", 1),  # label out of range
+    (LR, [[0, 1], [1, 2]], [0, -1], "y", 1),
+    (LR, [[0, 1], [1, 2]], [0.5, 1], "y", 0),  # not an integer
+    (LR, [[0, 1], [1, 2, 3]], [0, 1], "x", 1),  # ragged / wrong width
+    (LR, [[0, 1], [NAN, 2]], [0, 1], "x", 1),
+    (LR, None, [0, 1], "x", None),  # x missing
+    (LR, [[0, 1]], [0, 1], "x", None),  # misaligned
+    (LR, [], [], "y", None),  # empty
+    (LR, [[0, 1], [1, 1]], [0, "a"], "y", 1),
+    (GMM1, None, [0.1, INF], "y", 1),
+    (GMM1, [[1.0]], [0.1], "x", None),  # x given to a family that takes none
+    (GMM1, None, [0.1, [0.2, 0.3]], "y", 1),
+    (GMM2, None, [[0.1, 0.2], [0.3]], "y", 1),
+    (GMM2, None, [[0.1, 0.2], 0.3], "y", 1),
+    (GMM2, None, [[0.1, 0.2], [0.3, NAN]], "y", 1),
+    (GMM2, None, [], "y", None),
+    (AR, None, [0.1, 0.2, NAN], "y", 2),
+    (AR, [[1.0], [2.0]], [0.1, 0.2], "x", None),
+    (AR, None, [0.1, [1, 2]], "y", 1),
+    (AR, None, [], "y", None),
+    (BNN_G, [[0, 1], [1, 2]], [[0.1, 0.2], [0.3]], "y", 1),
+    (BNN_G, [[0, 1], [1, 2]], [[0.1, 0.2], [0.3, INF]], "y", 1),
+    (BNN_G, [[0, 1], [1]], [[0.1, 0.2], [0.3, 0.4]], "x", 1),
+    (BNN_C, [[0, 1], [1, 2]], [2, 3], "y", 1),
+    (BNN_C, [[0, 1], [1, 2]], [1.5, 2], "y", 0),
+    (BNN_C, None, [1, 2], "x", None),
+]
+
+
+@pytest.mark.parametrize("case,x,y,field,row", INVALID)
+def test_invalid_observations_name_field_and_row(case, x, y, field, row):
+    family = make_family(*case)
+    with pytest.raises(ObservationError) as info:
+        family.validate(x, y)
+    assert info.value.field == field
+    assert info.value.row == row
+
+
+def test_valid_observations_have_the_documented_shapes():
+    assert make_family(*GMM1).validate(None, [0.1, [0.2], 3])[1].shape == (3, 1)
+    assert make_family(*GMM2).validate(None, [[0.1, 0.2]])[1].shape == (1, 2)
+    x, y = make_family(*AR).validate(None, [1, 2.5, 3])
+    assert x is None and y.shape == (3,)
+    x, y = make_family(*LR).validate([[0, 1], [1, 2]], [0, 2.0])
+    assert x.shape == (2, 2) and y.tolist() == [0.0, 2.0]
+    assert make_family(*BNN_G).validate([[0, 1]], [[0.1, 0.2]])[1].shape == (1, 2)
+    assert make_family("bnn", {"features": 1, "outputs": 1}).validate([[0]], [0.3])[1].shape == (1,)
+
+
+def test_observation_schemas():
+    assert make_family(*LR).observation_schema() == {"x": 2, "y": [], "y_type": "label", "classes": 3}
+    assert make_family(*GMM2).observation_schema()["y"] == [2]
+    assert make_family(*GMM1).observation_schema()["y"] == []
+    assert make_family(*AR).observation_schema()["x"] is None
+    assert make_family(*BNN_C).observation_schema()["classes"] == 3
+
+
+def test_hyperparameter_schemas_reject_bad_values():
+    from pydantic import ValidationError
+
+    for name, params in [
+        ("logistic_regression", {"features": 2, "classes": 1}),
+        ("gmm", {"dim": 1, "components": 0}),
+        ("autoregressive", {"order": 0}),
+        ("autoregressive", {"order": 1, "noise_std": 0}),
+        ("bnn", {"features": 2, "outputs": 1, "likelihood": "categorical"}),
+        ("bnn", {"features": 2, "outputs": 1, "hidden": [0]}),
+        ("gmm", {"dim": 1, "components": 1, "unknown": 3}),
+    ]:
+        with pytest.raises(ValidationError):
+            make_family(name, params)
+    assert make_family("autoregressive", {"order": 4}).context_size == 4
+    assert np.isclose(make_family("bnn", {"features": 3, "outputs": 1}).dim, 3 * 16 + 16 + 16 + 1)
