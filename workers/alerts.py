@@ -1,23 +1,36 @@
 """Change-point alerts read off a model's evidence trace (DESIGN.md §5; thesis §5.1.5, §5.4.2).
 
-Pure functions over a JSON-able detector state, so the runner can checkpoint the
-state in the same Redis transaction as the particles.
+Pure functions over a JSON-able detector state, so the runner can checkpoint the state in
+the same Redis transaction as the particles; resuming from a JSON round trip of the state
+gives the same alerts.
 
-* ``evidence_drop``: a one-sided CUSUM (Page 1954) on the standardised
-  per-observation log-predictive of each block.  The running mean/variance of
-  the per-observation log-predictive are exponentially weighted; a block whose
-  value falls far below them accumulates evidence of a change.
-* ``annealing_spike``: a block needing many more annealing steps than the recent
-  median.
+* ``evidence_drop``: a one-sided CUSUM (Page 1954) on the standardised per-observation
+  log-predictive of each block.  The baseline of the current regime is robust: the median
+  and the MAD of the last ``window`` blocks' per-observation log-predictive, the scale
+  adjusted for the block's size (the mean of ``n`` rows has a spread ∝ 1/√n).  A block
+  scoring ``z`` standard deviations below the median adds ``min(z, drop_cap) - drop_slack``
+  to the statistic; crossing ``drop_threshold`` raises the alert, placed at the first
+  observation of the first block of the excursion (where the run of low blocks began), and
+  restarts the baseline on the new regime (``warmup_blocks`` quiet blocks again).
+* ``annealing_spike``: a block needing ``spike_factor`` times more annealing steps than
+  the recent median, and at least ``spike_min_steps``; placed at the block's first
+  observation.  When it fires on the same block as an ``evidence_drop``, only the drop is
+  reported (one change, one alert).
 * ``model_switch``: the stream's most probable model changed (see :func:`model_switch`).
+
+Defaults were chosen on bench/changepoints.py (seven annotated river series) together with
+the stationary-trace false-alarm checks of tests/test_alerts.py; see bench/README.md.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+_MAD_TO_SD = 1.4826  # MAD of a normal sample × this = its standard deviation
 
 
 class AlertSettings(BaseModel):
@@ -26,74 +39,94 @@ class AlertSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
-    warmup_blocks: int = Field(5, ge=1, description="blocks before any alert can fire")
+    warmup_blocks: int = Field(1, ge=0, description="first blocks of the stream (prior to posterior) left out of the baseline")
+    min_baseline_blocks: int = Field(1, ge=1, description="baseline blocks needed before a drop can alert")
+    window: int = Field(50, ge=3, le=10_000, description="recent blocks in the robust baseline (median, MAD)")
     drop_threshold: float = Field(8.0, gt=0, description="CUSUM threshold h, in standard deviations")
     drop_slack: float = Field(1.0, ge=0, description="CUSUM slack k, in standard deviations")
-    smoothing: float = Field(0.1, gt=0, le=1, description="EWMA weight of the newest block in the baseline")
+    drop_cap: float | None = Field(None, gt=0, description="cap on one block's contribution (None = no cap)")
+    noise_floor: float = Field(
+        0.7, gt=0,
+        description="floor on the per-observation spread of the log-predictive (nats); a block mean of n rows "
+        "has spread ≥ noise_floor/√n. 0.7 ≈ √(1/2), the spread of a well-specified Gaussian's log density")
     spike_factor: float = Field(4.0, gt=1, description="annealing_spike when steps ≥ factor × recent median")
     spike_min_steps: int = Field(5, ge=2, description="and at least this many annealing steps")
-    spike_window: int = Field(20, ge=3, description="blocks in the recent median")
+    spike_window: int = Field(20, ge=3, description="blocks in the recent median of annealing steps")
 
 
 def initial_state() -> dict[str, Any]:
-    """Empty detector state (JSON-able)."""
-    return {"blocks": 0, "mean": 0.0, "var": 0.0, "cusum": 0.0, "run_start": None, "steps": []}
+    """Empty detector state (JSON-able: numbers, None and lists only)."""
+    return {"seen": 0, "values": [], "rows": [], "cusum": 0.0, "run_start": None, "steps": []}
+
+
+def _baseline(values: list[float], rows: list[int], floor: float) -> tuple[float, float]:
+    """(median per-observation value, per-observation spread σ) of the baseline blocks.
+
+    A block mean of ``n`` rows spreads as σ/√n, so σ is 1.4826 × the MAD of the
+    ``√n``-scaled deviations from the median, floored at ``floor``.
+    """
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows))
+    return med, max(_MAD_TO_SD * mad, floor)
 
 
 def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Feed one trace row; return the new state and the alerts it raises.
 
-    ``row`` needs ``first_index``, ``observations`` (rows in the block),
-    ``log_predictive`` (nats) and ``annealing_steps``.  Alerts are dicts with
-    ``kind``, ``observation_index`` (where the change is placed),
-    ``detected_at_index``, ``score`` and ``message``.
+    ``row`` needs ``first_index``, ``observations`` (rows of the block that entered the
+    likelihood), ``log_predictive`` (nats) and ``annealing_steps``.  Alerts are dicts with
+    ``kind``, ``observation_index`` (where the change is placed), ``detected_at_index``,
+    ``score`` (CUSUM statistic in standard deviations, or the annealing-step ratio) and
+    ``message``.  The input state is not modified.
     """
-    state = dict(state)
+    state = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items()}
     alerts: list[dict[str, Any]] = []
-    n = row["observations"]
-    if not settings.enabled or n == 0:
+    n = int(row["observations"])
+    if not settings.enabled or n <= 0:
         return state, alerts
-    value = row["log_predictive"] / n
-    first, last = row["first_index"], row["first_index"] + n - 1
-    blocks = state["blocks"]
-    steps = list(state["steps"])
-    if blocks >= settings.warmup_blocks:
-        sd = math.sqrt(max(state["var"], 1e-12))
-        z = (state["mean"] - value) / sd
-        cusum = max(0.0, state["cusum"] + z - settings.drop_slack)
-        run_start = state["run_start"] if cusum > 0 and state["cusum"] > 0 else (first if cusum > 0 else None)
+    value = float(row["log_predictive"]) / n
+    first = int(row["first_index"])
+    last = first + n - 1
+    k = int(row["annealing_steps"])
+    drop = False
+    if len(state["values"]) >= settings.min_baseline_blocks and math.isfinite(value):
+        med, sigma = _baseline(state["values"], state["rows"], settings.noise_floor)
+        z = (med - value) * math.sqrt(n) / sigma
+        step = z if settings.drop_cap is None else min(z, settings.drop_cap)
+        cusum = max(0.0, state["cusum"] + step - settings.drop_slack)
+        run_start = (state["run_start"] if state["cusum"] > 0 else first) if cusum > 0 else None
         if cusum > settings.drop_threshold:
+            drop = True
             alerts.append({
                 "kind": "evidence_drop",
                 "observation_index": run_start,
                 "detected_at_index": last,
                 "score": cusum,
-                "message": f"per-observation log-predictive fell to {value:.4g} nats from a typical {state['mean']:.4g}",
+                "message": (f"per-observation log-predictive {value:.4g} nats against a typical {med:.4g} "
+                            f"(spread {sigma:.3g}/√{n}); change placed at {run_start}"),
             })
-            # restart the baseline on the new regime
-            state.update(blocks=0, mean=value, var=0.0, cusum=0.0, run_start=None)
         else:
             state.update(cusum=cusum, run_start=run_start)
-        med = sorted(steps)[len(steps) // 2] if steps else 1
-        k = row["annealing_steps"]
-        if k >= settings.spike_min_steps and k >= settings.spike_factor * max(med, 1):
+    steps = state["steps"]
+    if steps:
+        med_steps = max(statistics.median(steps), 1)
+        if k >= settings.spike_min_steps and k >= settings.spike_factor * med_steps and not drop:
             alerts.append({
                 "kind": "annealing_spike",
                 "observation_index": first,
                 "detected_at_index": last,
-                "score": k / max(med, 1),
-                "message": f"block needed {k} annealing steps; recent median {med}",
+                "score": k / med_steps,
+                "message": f"block needed {k} annealing steps; recent median {med_steps:g}",
             })
-    if state["blocks"] == 0 and not alerts:
-        state.update(mean=value, var=0.0)
-    elif not any(a["kind"] == "evidence_drop" for a in alerts):
-        a = settings.smoothing if state["blocks"] >= 1 else 1.0
-        delta = value - state["mean"]
-        state["mean"] = state["mean"] + a * delta
-        state["var"] = (1 - a) * (state["var"] + a * delta * delta)
-    state["blocks"] = state["blocks"] + 1
-    steps.append(row["annealing_steps"])
-    state["steps"] = steps[-settings.spike_window :]
+    state["seen"] += 1
+    if drop:
+        # a new regime: its baseline starts after this block
+        state.update(values=[], rows=[], cusum=0.0, run_start=None)
+    elif state["seen"] > settings.warmup_blocks and math.isfinite(value):
+        state["values"] = (state["values"] + [value])[-settings.window :]
+        state["rows"] = (state["rows"] + [n])[-settings.window :]
+    if state["seen"] > settings.warmup_blocks:
+        state["steps"] = (steps + [k])[-settings.spike_window :]
     return state, alerts
 
 
@@ -101,6 +134,8 @@ def model_switch(previous_leader: str | None, posterior: list[dict[str, Any]]) -
     """A ``model_switch`` alert body when the most probable model changed, else None.
 
     ``posterior``: the stream posterior's ``models`` list (``model``, ``probability``).
+    The body has ``kind``, ``model`` (the new leader), ``score`` (its probability) and
+    ``message``; the caller adds the stream and the indices.
     """
     if not posterior:
         return None

@@ -18,6 +18,12 @@ class SamplerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     particles: int = Field(10, ge=2, le=100_000, description="M, the number of particles")
+    warmup_particles: int | None = Field(
+        50, ge=2, le=1_000_000,
+        description="particles while the posterior is still wide (before warmup_observations); "
+        "reduced to `particles` by resampling afterwards. null = always `particles`",
+    )
+    warmup_observations: int = Field(2000, ge=0, description="observations absorbed before the warm-up particles are reduced")
     batch_size: int = Field(500, ge=1, le=1_000_000, description="|B|, mini-batch size drawn from the history")
     block_size: int = Field(500, ge=1, le=1_000_000, description="larger chunks are split into blocks of this size")
     learning_rate: float = Field(0.1, gt=0, le=10, description="η·n, the SGHMC learning rate per observation")
@@ -41,9 +47,15 @@ class SamplerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "SamplerSettings":
+        if self.warmup_particles is not None and self.warmup_particles < self.particles:
+            raise ValueError("warmup_particles must be at least particles")
         if self.ess_target * self.particles < 1:
             raise ValueError("ess_target * particles must be at least 1 particle")
         return self
+
+    @property
+    def initial_particles(self) -> int:
+        return self.warmup_particles if self.warmup_particles is not None else self.particles
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -24,7 +24,7 @@ from models.base import Family
 from workers.ess import ess, solve_increment
 from workers.gradients import Batch, control_variate_gradient, history_gradient, minibatch_gradient
 from workers.history import History
-from workers.resampling import RESAMPLERS
+from workers.resampling import RESAMPLERS, systematic_resample
 from workers.settings import SamplerSettings
 from workers.sghmc import sghmc_step
 
@@ -83,7 +83,7 @@ class BlockInfo(NamedTuple):
 def init(generator: torch.Generator, family: Family, settings: SamplerSettings) -> SGAISState:
     """Prior draws ``θ_i ~ p(θ)``, ``log w_i = 0`` (Alg. 8, lines 1–2)."""
     dtype, device = settings.torch_dtype, settings.torch_device
-    M = settings.particles
+    M = settings.initial_particles
     theta = family.sample_prior(generator, M, dtype, device)
     if not torch.isfinite(theta).all():
         raise NumericalError("prior draws are not finite; check the hyperparameters")
@@ -99,6 +99,23 @@ def init(generator: torch.Generator, family: Family, settings: SamplerSettings) 
         history=history,
         context=None,
         blocks=0,
+    )
+
+
+def reduce_particles(generator: torch.Generator, state: SGAISState, settings: SamplerSettings) -> SGAISState:
+    """Resample the warm-up population down to ``settings.particles`` (end of warm-up).
+
+    ``M'`` ancestors are drawn systematically from the ``M`` weighted particles and every
+    new log-weight is the log of the old mean weight, so ``Ẑ = mean(w)`` is unchanged and
+    stays unbiased (the same argument as resampling, thesis §3.4).
+    """
+    M = settings.particles
+    log_w = state.log_w
+    idx = systematic_resample(generator, log_w, M)
+    log_mean = torch.logsumexp(log_w, 0) - math.log(log_w.shape[0])
+    return state._replace(
+        theta=state.theta[idx], velocity=state.velocity[idx], anchor=state.anchor[idx],
+        anchor_grad=state.anchor_grad[idx], log_w=log_mean.expand(M).clone(),
     )
 
 
@@ -134,8 +151,10 @@ def absorb_block(
 
     history = state.history
     n_prev = history.seen
+    if state.theta.shape[0] > settings.particles and n_prev >= settings.warmup_observations:
+        state = reduce_particles(generator, state, settings)
     n = n_prev + B
-    M = settings.particles
+    M = state.theta.shape[0]
     block = Batch(x, y)
     theta, log_w, velocity = state.theta, state.log_w, state.velocity
     anchor, anchor_grad, n_anchor = state.anchor, state.anchor_grad, state.n_anchor

@@ -88,7 +88,7 @@ def test_systematic_resampling_gives_floor_or_ceil_copies() -> None:
 
 def _frozen_settings(**kw) -> SamplerSettings:
     # burn_in = 0: particles never move, so the annealed weights telescope to exp(ℓ_block) exactly.
-    return SamplerSettings(particles=8, burn_in=0, resample_threshold=0.0, seed=0, **kw)
+    return SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=0.0, seed=0, **kw)
 
 
 def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> None:
@@ -111,7 +111,7 @@ def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> No
 
 def test_resampling_preserves_the_evidence_estimate() -> None:
     family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=8, burn_in=0, resample_threshold=1.0, seed=0)
+    settings = SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0)
     g = torch.Generator().manual_seed(0)
     state = sgais.init(g, family, settings)
     x, y = linear_data(20)
@@ -151,7 +151,9 @@ def test_nan_in_the_block_raises_and_leaves_the_state_alone() -> None:
 
 # ----- determinism and checkpoints --------------------------------------------------------------
 
-SMALL = {"particles": 6, "burn_in": 4, "batch_size": 50, "block_size": 100, "seed": 11}
+# warm-up with 12 particles for the first 300 observations: resumes cross the reduction to 6
+SMALL = {"particles": 6, "warmup_particles": 12, "warmup_observations": 300, "burn_in": 4, "batch_size": 50,
+         "block_size": 100, "seed": 11}
 
 
 def _run(engine: ModelEngine, x: torch.Tensor, y: torch.Tensor, chunks: list[tuple[int, int]]):
@@ -214,3 +216,19 @@ def test_analytic_gradients_match_autograd() -> None:
     x, y = linear_data(30)
     assert torch.allclose(family.grad_log_likelihood(theta, x, y), Family.grad_log_likelihood(family, theta, x, y))
     assert torch.allclose(family.grad_log_prior(theta), Family.grad_log_prior(family, theta))
+
+
+def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
+    family = make_family("linear_regression", {"features": 3})
+    settings = SamplerSettings(particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0)
+    g = torch.Generator().manual_seed(0)
+    state = sgais.init(g, family, settings)
+    assert state.theta.shape[0] == 16
+    state = state._replace(log_w=torch.randn(16, generator=g, dtype=torch.float64))
+    x, y = linear_data(20)
+    state.history.append(x[:10], y[:10])
+    reduced = sgais.reduce_particles(g, state, settings)
+    assert reduced.theta.shape == (4, family.dim)
+    assert reduced.log_evidence == pytest.approx(state.log_evidence, abs=1e-12)
+    _, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x[10:], y=y[10:])
+    assert info.ess <= 4
