@@ -74,7 +74,7 @@ def run_model(parts: list[tuple[str, dict]], z: np.ndarray, sampler: dict) -> li
 
 
 def compute_traces(block: int, sampler_extra: dict, refresh: bool) -> dict:
-    sampler = {"block_size": block, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": 0, **sampler_extra}
+    sampler = {"block_size": block, "particles": 10, "burn_in": 10, "batch_size": 100, "learning_rate": 0.02, "seed": 0, **sampler_extra}
     key = hashlib.sha1(json.dumps(sampler, sort_keys=True).encode()).hexdigest()[:10]
     path = OUT / f"changepoint_traces_{key}.json"
     if path.exists() and not refresh:

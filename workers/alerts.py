@@ -6,12 +6,14 @@ gives the same alerts.
 
 * ``evidence_drop``: a one-sided CUSUM (Page 1954) on the standardised per-observation
   log-predictive of each block.  The baseline of the current regime is robust: the median
-  and the MAD of the last ``window`` blocks' per-observation log-predictive, the scale
+  and the MAD of the last ``window`` blocks' per-observation log-predictive, the spread
   adjusted for the block's size (the mean of ``n`` rows has a spread ∝ 1/√n).  A block
   scoring ``z`` standard deviations below the median adds ``min(z, drop_cap) - drop_slack``
-  to the statistic; crossing ``drop_threshold`` raises the alert, placed at the first
-  observation of the first block of the excursion (where the run of low blocks began), and
-  restarts the baseline on the new regime (``warmup_blocks`` quiet blocks again).
+  to the statistic; crossing ``drop_threshold`` raises the alert and restarts the baseline on
+  the new regime.  The change is placed at the first observation of the excursion's block
+  where a mean shift most likely began (the GLR estimate over the excursion's start points).
+  The spread has a floor (``noise_floor``), so a baseline of a few blocks cannot be
+  over-confident; the first ``warmup_blocks`` (the prior-to-posterior transient) are left out.
 * ``annealing_spike``: a block needing ``spike_factor`` times more annealing steps than
   the recent median, and at least ``spike_min_steps``; placed at the block's first
   observation.  When it fires on the same block as an ``evidence_drop``, only the drop is
@@ -56,7 +58,7 @@ class AlertSettings(BaseModel):
 
 def initial_state() -> dict[str, Any]:
     """Empty detector state (JSON-able: numbers, None and lists only)."""
-    return {"seen": 0, "values": [], "rows": [], "cusum": 0.0, "run_start": None, "steps": []}
+    return {"seen": 0, "values": [], "rows": [], "cusum": 0.0, "run": [], "steps": []}
 
 
 def _baseline(values: list[float], rows: list[int], floor: float) -> tuple[float, float]:
@@ -68,6 +70,18 @@ def _baseline(values: list[float], rows: list[int], floor: float) -> tuple[float
     med = statistics.median(values)
     mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows))
     return med, max(_MAD_TO_SD * mad, floor)
+
+
+def _change_start(run: list[list[float]]) -> int:
+    """Where a mean shift of unknown size most likely began within the excursion: the start ``j``
+    maximising ``(Σ_{t≥j} z_t)² / (number of blocks from j)`` (the GLR estimate), over ``j`` with a
+    positive sum."""
+    best, best_j, total = -1.0, run[0][0], 0.0
+    for count, (first, z) in enumerate(reversed(run), start=1):
+        total += z
+        if total > 0 and total * total / count >= best:
+            best, best_j = total * total / count, first
+    return int(best_j)
 
 
 def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -94,19 +108,21 @@ def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) 
         z = (med - value) * math.sqrt(n) / sigma
         step = z if settings.drop_cap is None else min(z, settings.drop_cap)
         cusum = max(0.0, state["cusum"] + step - settings.drop_slack)
-        run_start = (state["run_start"] if state["cusum"] > 0 else first) if cusum > 0 else None
+        # the excursion: [first_index, z] of the blocks since the statistic last left zero
+        run = ((state["run"] if state["cusum"] > 0 else []) + [[first, z]])[-settings.window :] if cusum > 0 else []
         if cusum > settings.drop_threshold:
             drop = True
+            start = _change_start(run)
             alerts.append({
                 "kind": "evidence_drop",
-                "observation_index": run_start,
+                "observation_index": start,
                 "detected_at_index": last,
                 "score": cusum,
                 "message": (f"per-observation log-predictive {value:.4g} nats against a typical {med:.4g} "
-                            f"(spread {sigma:.3g}/√{n}); change placed at {run_start}"),
+                            f"(spread {sigma:.3g}/√{n}); change placed at {start}"),
             })
         else:
-            state.update(cusum=cusum, run_start=run_start)
+            state.update(cusum=cusum, run=run)
     steps = state["steps"]
     if steps:
         med_steps = max(statistics.median(steps), 1)
@@ -121,7 +137,7 @@ def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) 
     state["seen"] += 1
     if drop:
         # a new regime: its baseline starts after this block
-        state.update(values=[], rows=[], cusum=0.0, run_start=None)
+        state.update(values=[], rows=[], cusum=0.0, run=[])
     elif state["seen"] > settings.warmup_blocks and math.isfinite(value):
         state["values"] = (state["values"] + [value])[-settings.window :]
         state["rows"] = (state["rows"] + [n])[-settings.window :]
