@@ -28,7 +28,13 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         stop = threading.Event()
         threads = []
         if workers:
+            import sys
+
             from workers.runner import Worker
+
+            # the event loop must get the GIL back quickly from the worker threads' Python-heavy
+            # small-tensor work, or request latency grows by the 5 ms default switch interval per await
+            sys.setswitchinterval(0.0005)
 
             for i in range(workers):
                 w = Worker(settings, stop=stop)

