@@ -26,11 +26,13 @@ D = 5
 CHUNK = 500
 
 VARIANTS = {
-    # Cameron 2020, Alg. 8 as written: plain mini-batch gradients, η = 0.1/n, no resampling.
-    "thesis": {"control_variates": False, "learning_rate_schedule": "block", "resample_threshold": 0.0},
-    "+annealed η": {"control_variates": False, "learning_rate_schedule": "annealed", "resample_threshold": 0.0},
-    "+control variates": {"control_variates": True, "learning_rate_schedule": "annealed", "resample_threshold": 0.0},
-    "default": {},  # + resampling at ESS < 0.5 M
+    # Cameron 2020, Alg. 8 as written: plain mini-batch gradients, η = 0.1/n, no resampling, M = 10 throughout.
+    "thesis": {"control_variates": False, "learning_rate_schedule": "block", "resample_threshold": 0.0,
+               "warmup_particles": None},
+    "+annealed η": {"control_variates": False, "resample_threshold": 0.0, "warmup_particles": None},
+    "+control variates": {"resample_threshold": 0.0, "warmup_particles": None},
+    "+resampling": {"warmup_particles": None},
+    "default": {},  # + 50 warm-up particles for the first 2000 observations
 }
 
 
