@@ -17,7 +17,8 @@ gives the same alerts.
 * ``annealing_spike``: a block needing ``spike_factor`` times more annealing steps than
   the recent median, and at least ``spike_min_steps``; placed at the block's first
   observation.  When it fires on the same block as an ``evidence_drop``, only the drop is
-  reported (one change, one alert).
+  reported (one change, one alert); after either alert the recent-steps window restarts,
+  so a model that keeps needing more annealing in the new regime does not alert again.
 * ``model_switch``: the stream's most probable model changed (see :func:`model_switch`).
 
 Defaults were chosen on bench/changepoints.py (seven annotated river series) together with
@@ -93,7 +94,8 @@ def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) 
     ``score`` (CUSUM statistic in standard deviations, or the annealing-step ratio) and
     ``message``.  The input state is not modified.
     """
-    state = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items()}
+    # copy (lists too: the caller's state is never modified); keys missing from an older state get defaults
+    state = {k: (list(v) if isinstance(v, list) else v) for k, v in {**initial_state(), **state}.items()}
     alerts: list[dict[str, Any]] = []
     n = int(row["observations"])
     if not settings.enabled or n <= 0:
@@ -141,6 +143,8 @@ def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) 
     elif state["seen"] > settings.warmup_blocks and math.isfinite(value):
         state["values"] = (state["values"] + [value])[-settings.window :]
         state["rows"] = (state["rows"] + [n])[-settings.window :]
+    if alerts:
+        steps = []  # a new regime: its annealing work is judged against itself from here on
     if state["seen"] > settings.warmup_blocks:
         state["steps"] = (steps + [k])[-settings.spike_window :]
     return state, alerts
