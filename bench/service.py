@@ -10,7 +10,7 @@ in a subprocess on a free loopback port, then in one run:
 
     python bench/service.py [--chunks 60] [--redis-url URL]
 
-Prints a table; the target is service time <= 1.25x the bare engine's.
+Both sides run torch with one intra-op thread. Prints a table; the target is service time <= 1.25x the bare engine's.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def free_port() -> int:
 
 
 def start_server(port: int, redis_url: str | None, data_dir: str) -> subprocess.Popen:
-    env = {**os.environ, "SGAIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}"}
+    env = {**os.environ, "SGAIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port), "--workers", "1", "--data-dir", data_dir]
     if redis_url:
         cmd += ["--redis-url", redis_url]
@@ -140,6 +140,9 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=60, help="500-observation chunks per run")
     ap.add_argument("--redis-url", default=None, help="use this Redis instead of an embedded one")
     args = ap.parse_args()
+    # one intra-op thread on both sides: tiny tensors, and a shared 2-core machine where OpenMP
+    # spin-waiting under load made the bare engine 10x slower than single-threaded
+    torch.set_num_threads(1)
     chunks = make_chunks(args.chunks)
     n_obs = args.chunks * CHUNK
     port = free_port()
