@@ -20,4 +20,7 @@ for _module in ("service.cli_server", "service.cli_client"):
             raise
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    # `python -m service.cli`: the commands registered on the importable module's app, not this copy's
+    from service.cli import app as _app
+
+    _app()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,16 +34,22 @@ def serve(
     port: Annotated[Optional[int], typer.Option(help="port [SGAIS_PORT, default 8000]")] = None,
     redis_url: Annotated[Optional[str], typer.Option(help="Redis URL; omitted = embedded Redis under --data-dir")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="embedded Redis files [SGAIS_DATA_DIR, ./sgais-data]")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="in-process worker threads; 0 = API only [SGAIS_WORKERS, 1]")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="workers started with the API; 0 = API only [SGAIS_WORKERS, 1]")] = None,
+    worker_mode: Annotated[Optional[str], typer.Option(help="process (default) or thread [SGAIS_WORKER_MODE]")] = None,
 ) -> None:
-    """Run the HTTP/WebSocket API with N in-process workers (and an embedded Redis unless --redis-url)."""
+    """Run the HTTP/WebSocket API with N workers (and an embedded Redis unless --redis-url).
+
+    Workers are child processes by default (``--worker-mode process``): SGAIS updates then run
+    on their own cores instead of competing with the API for the interpreter lock; they stop
+    with the API.  ``--worker-mode thread`` keeps them in the API process.
+    """
     import uvicorn
 
     from service.app import create_app
     from service.settings import get_settings
 
     overrides = {k: v for k, v in dict(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
-                                       workers=workers).items() if v is not None}
+                                       workers=workers, worker_mode=worker_mode).items() if v is not None}
     settings = get_settings().model_copy(update=overrides)
     server = None
     if not settings.redis_url:
@@ -49,10 +58,26 @@ def serve(
         typer.echo(f"embedded Redis at {url} (data in {settings.data_dir})")
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.tenants_by_key():
         typer.echo("warning: no SGAIS_API_KEYS set and binding beyond loopback: the API is open", err=True)
+    children: list[subprocess.Popen] = []
+    threads = settings.workers if settings.worker_mode == "thread" else 0
     try:
-        uvicorn.run(create_app(settings, workers=settings.workers), host=settings.host, port=settings.port,
+        if settings.worker_mode == "process":
+            env = {**os.environ, "SGAIS_REDIS_URL": settings.redis_url, "SGAIS_KEY_PREFIX": settings.key_prefix,
+                   "SGAIS_DEVICE": settings.device}
+            if settings.torch_threads:
+                env["SGAIS_TORCH_THREADS"] = str(settings.torch_threads)
+            children = [subprocess.Popen([sys.executable, "-m", "workers.runner"], env=env)
+                        for _ in range(settings.workers)]
+        uvicorn.run(create_app(settings, workers=threads), host=settings.host, port=settings.port,
                     log_level="info")
     finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
         if server is not None:
             server.shutdown()
 

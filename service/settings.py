@@ -20,7 +20,12 @@ class Settings(BaseSettings):
     api_keys: str = Field("", description="'tenant1=key1,tenant2=key2'; empty = open, single tenant 'default'")
     host: str = Field("127.0.0.1", description="sgais serve: bind address")
     port: int = Field(8000, description="sgais serve: port")
-    workers: int = Field(1, ge=0, description="sgais serve: in-process worker threads (0 = API only)")
+    workers: int = Field(1, ge=0, description="sgais serve: workers started with the API (0 = API only)")
+    worker_mode: Literal["process", "thread"] = Field(
+        "process", description="sgais serve: workers as child processes (own cores, no GIL contention "
+        "with the API) or as threads of the API process")
+    torch_threads: int | None = Field(
+        1, ge=1, description="worker: torch intra-op threads (1 is fastest for small models; null = torch's default)")
     data_dir: Path = Field(Path("./sgais-data"), description="embedded Redis files (AOF on)")
     max_chunk_observations: int = Field(100_000, ge=1, description="larger chunks are 413")
     max_body_bytes: int = Field(64 * 2**20, ge=1024, description="larger request bodies are 413")

@@ -415,6 +415,10 @@ def main(settings: Settings | None = None) -> None:
     settings = settings or get_settings()
     if not settings.redis_url:
         raise SystemExit("SGAIS_REDIS_URL (or --redis-url) is required for a standalone worker")
+    if settings.torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=WORKER_REGISTRY)
     stop = threading.Event()
