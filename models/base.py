@@ -12,6 +12,7 @@ space into a density on R^D (standard change of variables, e.g. NumPyro's
 
 from __future__ import annotations
 
+import itertools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -251,11 +252,40 @@ class Family(ABC):
 # ----- validation helpers shared by the families ------------------------------------------
 
 
+_NUMBERS = frozenset((float, int))
+
+
+def _plain_numbers(values: Any) -> torch.Tensor | None:
+    """Fast path: a JSON list (of lists) holding only ints and floats, as float64; None otherwise.
+
+    ``torch.tensor`` parses nested lists in C; the type check (``bool`` is not a number here)
+    runs over ``map(type, ...)``, also in C.  Anything unusual (ragged rows, strings, bools,
+    overflow) returns None and the caller's row-by-row checks produce the error message.
+    """
+    if type(values) is not list:
+        return None
+    if values and type(values[0]) is list:
+        if not all(type(row) is list for row in values):
+            return None
+        types = set(map(type, itertools.chain.from_iterable(values)))
+    else:
+        types = set(map(type, values))
+    if not types <= _NUMBERS:
+        return None
+    try:
+        return torch.tensor(values, dtype=torch.float64)
+    except (ValueError, TypeError, RuntimeError, OverflowError):
+        return None
+
+
 def as_matrix(value: Any, field: str, columns: int | None) -> torch.Tensor:
     """Validate a list of rows (or a tensor) as a finite float64 ``[B, columns]`` tensor.
 
     Raises ObservationError naming the first bad row.
     """
+    fast = _plain_numbers(value)
+    if fast is not None and fast.ndim == 2 and (columns is None or fast.shape[1] == columns):
+        value = fast
     if isinstance(value, torch.Tensor):
         t = value.to(torch.float64)
         if t.ndim == 1 and columns == 1:
@@ -294,6 +324,9 @@ def as_matrix(value: Any, field: str, columns: int | None) -> torch.Tensor:
 
 def as_vector(value: Any, field: str) -> torch.Tensor:
     """Validate a list of numbers (or a tensor) as a finite float64 ``[B]`` tensor."""
+    fast = _plain_numbers(value)
+    if fast is not None and fast.ndim == 1:
+        value = fast
     if isinstance(value, torch.Tensor):
         t = value.to(torch.float64)
         if t.ndim == 2 and t.shape[1] == 1:
