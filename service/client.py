@@ -198,14 +198,19 @@ class SgaisClient:
         """Yield the JSON events of ``WS /v1/streams/{stream}/events`` (evidence, alert, posterior).
 
         ``timeout``: seconds to wait for each message (None = forever); a quiet socket then
-        ends the iteration. The socket closes when the generator is closed.
+        ends the iteration. The socket closes when the generator is closed. A refused
+        handshake (e.g. 401, 404) raises :class:`ApiError`.
         """
-        from websockets.exceptions import ConnectionClosed
+        from websockets.exceptions import ConnectionClosed, InvalidStatus
         from websockets.sync.client import connect
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         url = f"{_ws_url(self.base_url)}/v1/streams/{stream}/events"
-        with connect(url, additional_headers=headers) as ws:
+        try:
+            ws = connect(url, additional_headers=headers)
+        except InvalidStatus as err:  # the handshake was refused (401, 404, ...)
+            raise ApiError(err.response.status_code, err.response.body.decode(errors="replace"), "WS", url) from None
+        with ws:
             while True:
                 try:
                     msg = ws.recv(timeout=timeout)
