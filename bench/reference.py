@@ -17,16 +17,26 @@ several seeds (mean ± sd), plus optionally one more-particles setting.
 
 Acceptance: ``|mean SGAIS − reference| <= max(3 × reference err, 1e-3 × |log Z|)``.
 
-Usage::
+Usage (each part caches its result in ``bench/results/reference/``; ``--part table`` assembles)::
 
-    nice python bench/reference.py [--quick] [--seeds 3] [--particles-extra 100]
+    nice python bench/reference.py --part check          # dynesty vs exact Z, 44-parameter linear regression
+    nice python bench/reference.py --part is             # the importance-sampling references
+    nice python bench/reference.py --part dynesty --models gmm --quick
+    nice python bench/reference.py --part sgais [--seeds 3] [--particles-extra 100]
+    nice python bench/reference.py --part drift --seeds 2  # running log Ẑ − IS on logistic prefixes
+    python bench/reference.py --part table [--quick]
+
+With nlive = 50, dynesty's 44-parameter check came out 9 nats (5 sigma) high, so the default is
+nlive = 100 and dynesty is not run on the logistic model by default (``--dynesty-logistic-max-n``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,11 +55,15 @@ from reference_methods import (  # noqa: E402
 DATA_SEED = 2020
 CHUNK = 500
 RESULTS = Path(__file__).resolve().parent / "results" / "reference"
-PARTS = ("check", "is", "dynesty", "sgais")
+PARTS = ("check", "is", "dynesty", "sgais", "drift")
 
 
-def sgais_runs(family: str, params: dict, x, y, seeds: int, sampler: dict) -> tuple[list[float], float]:
-    """Stream ``(x, y)`` in 500-row chunks into fresh engines; final log Ẑ per seed, mean seconds."""
+def sgais_runs(family: str, params: dict, x, y, seeds: int, sampler: dict) -> dict:
+    """Stream ``(x, y)`` in 500-row chunks into fresh engines (seeds 0..seeds-1).
+
+    Returns ``{"values": final log Ẑ per seed (nats), "seconds": mean wall time per run,
+    "settings": the effective SamplerSettings (seed 0)}``.
+    """
     import torch
 
     from workers.engine import ModelEngine
@@ -57,15 +71,33 @@ def sgais_runs(family: str, params: dict, x, y, seeds: int, sampler: dict) -> tu
     torch.set_num_threads(1)
     xt = None if x is None else torch.as_tensor(x, dtype=torch.float64)
     yt = torch.as_tensor(y, dtype=torch.float64)
-    values, seconds = [], []
+    values, seconds, used = [], [], None
     for seed in range(seeds):
         eng = ModelEngine(family, params, {**sampler, "seed": seed})
+        used = used or eng.settings.model_dump()
         start = time.perf_counter()
         for i in range(0, len(y), CHUNK):
             eng.update(None if xt is None else xt[i : i + CHUNK], yt[i : i + CHUNK])
         seconds.append(time.perf_counter() - start)
         values.append(eng.log_evidence)
-    return values, float(np.mean(seconds))
+    return {"values": values, "seconds": float(np.mean(seconds)), "settings": used}
+
+
+def settings_tag(sampler: dict) -> str:
+    """Short hash of the effective SamplerSettings (seed excluded): defaults change as the engine evolves."""
+    from workers.settings import SamplerSettings
+
+    dump = SamplerSettings(**sampler).model_dump()
+    dump.pop("seed")
+    return hashlib.sha1(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def cached(key: str, fn, fresh: bool = False) -> dict:
@@ -106,8 +138,11 @@ def run_part(part: str, sizes: list[int], args) -> None:
             return {**ref_dict(r), "exact": lin.exact_log_evidence()}
         cached(f"check_linear44_nlive{args.nlive}", check)
         return
+    if part == "drift":
+        drift(args.seeds)
+        return
     for n in sizes:
-        for name in ("logistic", "gmm"):
+        for name in args.models:
             family, params, x, y, model, truth = problem(name, n)
             if part == "is":
                 fn = (lambda: ref_dict(laplace_t_importance(model, seed=0))) if name == "logistic" else (
@@ -121,15 +156,38 @@ def run_part(part: str, sizes: list[int], args) -> None:
             elif part == "sgais":
                 for label, sampler in settings_for(n, args):
                     def go():
-                        vals, sec = sgais_runs(family, params, x, y, args.seeds, sampler)
-                        return {"values": vals, "seconds": sec}
-                    cached(f"sgais_{name}_{n}_{label}_seeds{args.seeds}", go)
+                        return {**sgais_runs(family, params, x, y, args.seeds, sampler), "commit": git_commit()}
+                    cached(f"sgais_{name}_{n}_{label}_{settings_tag(sampler)}_seeds{args.seeds}", go)
+
+
+def drift(seeds: int) -> None:
+    """Where SGAIS loses log-evidence on logistic regression: running log Ẑ − Laplace-t IS on the
+    prefixes of the n = 10^4 data set (IS with 5,000 draws), default settings."""
+    import torch
+
+    from workers.engine import ModelEngine
+
+    torch.set_num_threads(1)
+    x, y = logistic_data(10_000, 10, 4, DATA_SEED)
+    marks = [500, 1000, 1500, 2000, 2500, 3000, 5000, 10_000]
+    ref = {n: laplace_t_importance(LogisticModel(x[:n], y[:n], 4), seed=0, draws=5000).log_z for n in marks}
+    print("IS log Z at n:", {n: round(v, 2) for n, v in ref.items()}, flush=True)
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y, dtype=torch.float64)
+    for seed in range(seeds):
+        eng = ModelEngine("logistic_regression", {"features": 10, "classes": 4}, {"seed": seed})
+        gap = {}
+        for i in range(0, 10_000, CHUNK):
+            eng.update(xt[i : i + CHUNK], yt[i : i + CHUNK])
+            if i + CHUNK in ref:
+                gap[i + CHUNK] = round(eng.log_evidence - ref[i + CHUNK], 2)
+        print(f"seed {seed}: SGAIS − IS at n: {gap}", flush=True)
 
 
 def settings_for(n: int, args) -> list[tuple[str, dict]]:
     out = [("default", {})]
     if args.particles_extra and n <= args.extra_max_n:
-        out.append((f"particles={args.particles_extra}", {"particles": args.particles_extra}))
+        m = args.particles_extra
+        out.append((f"particles={m}", {"particles": m, "warmup_particles": m}))
     return out
 
 
@@ -156,27 +214,31 @@ def load(key: str) -> dict | None:
 def table(sizes: list[int], args) -> str:
     """Markdown table from the cached parts (missing parts are listed, not invented)."""
     lines, notes = [HEADER], []
-    chk = load(f"check_linear44_nlive{args.nlive}")
-    if chk:
+    checks = sorted(RESULTS.glob("check_linear44_nlive*.json"))
+    for path in checks:
+        chk = json.loads(path.read_text())
         diff = chk["log_z"] - chk["exact"]
-        notes.append(f"check (44-parameter linear regression, n=1000): exact {chk['exact']:.2f}, dynesty "
-                     f"{chk['log_z']:.2f} ± {chk['err']:.2f}, diff {diff:+.2f} "
+        notes.append(f"check (44-parameter linear regression, n=1000, {chk['method']}): exact {chk['exact']:.2f}, "
+                     f"dynesty {chk['log_z']:.2f} ± {chk['err']:.2f}, diff {diff:+.2f} "
                      f"({'within' if abs(diff) <= 3 * chk['err'] else 'OUTSIDE'} 3 err), {chk['seconds']:.0f} s")
-    else:
+    if not checks:
         notes.append("check: not run")
     names = {"logistic": "logistic d=10 K=4", "gmm": "gmm K=5 d=2"}
     for n in sizes:
         for name in ("logistic", "gmm"):
-            refs = [r for r in (load(f"is_{name}_{n}"), load(f"dynesty_{name}_{n}_nlive{args.nlive}")) if r]
+            refs = [r for r in [load(f"is_{name}_{n}")] + [json.loads(p.read_text()) for p in
+                                                             sorted(RESULTS.glob(f"dynesty_{name}_{n}_nlive*.json"))] if r]
             if len(refs) == 2:
                 notes.append(f"{name} n={n}: IS {refs[0]['log_z']:.2f} ± {refs[0]['err']:.2f} vs dynesty "
                              f"{refs[1]['log_z']:.2f} ± {refs[1]['err']:.2f} (diff {refs[0]['log_z'] - refs[1]['log_z']:+.2f})")
-            for label, _ in settings_for(n, args):
-                sg = load(f"sgais_{name}_{n}_{label}_seeds{args.seeds}")
+            for label, sampler in settings_for(n, args):
+                sg = load(f"sgais_{name}_{n}_{label}_{settings_tag(sampler)}_seeds{args.seeds}")
                 if not sg:
                     notes.append(f"{name} n={n} SGAIS {label}: not run")
                     continue
-                notes.append(f"{name} n={n} SGAIS {label}: " + ", ".join(f"{v:.2f}" for v in sg["values"]))
+                notes.append(f"{name} n={n} SGAIS {label} (commit {sg['commit']}, M={sg['settings']['particles']}, "
+                             f"warm-up M={sg['settings'].get('warmup_particles')}): "
+                             + ", ".join(f"{v:.2f}" for v in sg["values"]))
                 for ref in refs:
                     lines.append(row(names[name], n, ref, label, sg["values"], sg["seconds"]))
             if not refs:
@@ -188,19 +250,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n = 1000 only")
     ap.add_argument("--seeds", type=int, default=3, help="SGAIS seeds per setting")
-    ap.add_argument("--nlive", type=int, default=50, help="dynesty live points")
+    ap.add_argument("--nlive", type=int, default=100, help="dynesty live points")
     ap.add_argument("--particles-extra", type=int, default=100,
                     help="also run SGAIS with this many particles (0 = skip)")
     ap.add_argument("--extra-max-n", type=int, default=1000, help="largest n for the extra SGAIS setting")
-    ap.add_argument("--dynesty-logistic-max-n", type=int, default=1000,
+    ap.add_argument("--dynesty-logistic-max-n", type=int, default=0,
                     help="dynesty on logistic regression only up to this n (the IS reference covers larger n)")
     ap.add_argument("--dynesty-max-n", type=int, default=1000,
                     help="dynesty only up to this n (n=10^4 takes hours on a shared 2-core machine)")
+    ap.add_argument("--models", nargs="+", choices=("logistic", "gmm"), default=["logistic", "gmm"])
     ap.add_argument("--part", choices=PARTS + ("table", "all"), default="all",
                     help="run one part (results cached in bench/results/reference/) or print the table")
     args = ap.parse_args()
     sizes = [1000] if args.quick else [1000, 10_000]
-    parts = PARTS if args.part == "all" else () if args.part == "table" else (args.part,)
+    parts = PARTS[:-1] if args.part == "all" else () if args.part == "table" else (args.part,)
     for part in parts:
         run_part(part, sizes, args)
     print(table(sizes, args))
