@@ -232,15 +232,22 @@ def table(sizes: list[int], args) -> str:
                 notes.append(f"{name} n={n}: IS {refs[0]['log_z']:.2f} ± {refs[0]['err']:.2f} vs dynesty "
                              f"{refs[1]['log_z']:.2f} ± {refs[1]['err']:.2f} (diff {refs[0]['log_z'] - refs[1]['log_z']:+.2f})")
             for label, sampler in settings_for(n, args):
-                sg = load(f"sgais_{name}_{n}_{label}_{settings_tag(sampler)}_seeds{args.seeds}")
-                if not sg:
+                # every engine version measured for this setting (defaults change as the engine evolves)
+                found = sorted(RESULTS.glob(f"sgais_{name}_{n}_{label}_*_seeds{args.seeds}.json"),
+                               key=lambda p: p.stat().st_mtime)
+                if not found:
                     notes.append(f"{name} n={n} SGAIS {label}: not run")
-                    continue
-                notes.append(f"{name} n={n} SGAIS {label} (commit {sg['commit']}, M={sg['settings']['particles']}, "
-                             f"warm-up M={sg['settings'].get('warmup_particles')}): "
-                             + ", ".join(f"{v:.2f}" for v in sg["values"]))
-                for ref in refs:
-                    lines.append(row(names[name], n, ref, label, sg["values"], sg["seconds"]))
+                current = settings_tag(sampler)
+                for path in found:
+                    sg = json.loads(path.read_text())
+                    shown = label if path.stem.endswith(f"{current}_seeds{args.seeds}") else \
+                        f"{label} (settings {path.stem.split('_')[-2]})"
+                    notes.append(f"{name} n={n} SGAIS {shown} (commit {sg['commit']}, M={sg['settings']['particles']}, "
+                                 f"warm-up M={sg['settings'].get('warmup_particles')}, "
+                                 f"preconditioning={sg['settings'].get('preconditioning', 'n/a')}): "
+                                 + ", ".join(f"{v:.2f}" for v in sg["values"]))
+                    for ref in refs:
+                        lines.append(row(names[name], n, ref, shown, sg["values"], sg["seconds"]))
             if not refs:
                 notes.append(f"{name} n={n}: no reference run")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in notes)
