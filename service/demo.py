@@ -74,7 +74,12 @@ def local_service(workers: int = 2, startup_timeout: float = 90.0) -> Iterator[s
                 raise RuntimeError(f"sgais serve did not become ready:\n{(tmp / 'serve.log').read_text()[-3000:]}")
             time.sleep(0.3)
         probe.close()
-        yield url
+        try:
+            yield url
+        except Exception as err:  # keep the server's own account of what went wrong
+            log.flush()
+            tail = (tmp / "serve.log").read_text()[-4000:]
+            raise RuntimeError(f"{err}\n--- tail of the sgais serve log ---\n{tail}") from err
     finally:
         proc.terminate()
         try:
@@ -158,7 +163,14 @@ def run_demo(out: Path, *, quick: bool = False, url: str | None = None, api_key:
         wait = progress.add_task("models absorbing", total=len(streams))
         deadline = time.monotonic() + timeout
         pending = set(streams)
+        unready_since: float | None = None
         while pending:
+            if c.readyz():
+                unready_since = None
+            else:
+                unready_since = unready_since or time.monotonic()
+                if time.monotonic() - unready_since > 60:
+                    raise RuntimeError("the service has had no live worker for 60 s (GET /readyz is 503)")
             for name in list(pending):
                 st = c.stream(streams[name]["stream"])
                 if all(m["observations_processed"] >= st["observations"] for m in st["models"]):
