@@ -125,7 +125,7 @@ class ModelEngine:
         s = self.state
         tensors = {
             "theta": s.theta, "log_w": s.log_w, "velocity": s.velocity,
-            "anchor": s.anchor, "anchor_grad": s.anchor_grad,
+            "anchor": s.anchor, "anchor_grad": s.anchor_grad, "posterior_var": s.posterior_var,
             "generator": self.generator.get_state(),
         }
         if s.context is not None:
@@ -188,7 +188,8 @@ class ModelEngine:
             history.generator.set_state(t["history.generator"].cpu())
         eng.state = sgais.SGAISState(
             theta=t["theta"], log_w=t["log_w"], velocity=t["velocity"], anchor=t["anchor"],
-            anchor_grad=t["anchor_grad"], n_anchor=header["n_anchor"], history=history,
+            anchor_grad=t["anchor_grad"], n_anchor=header["n_anchor"], posterior_var=t["posterior_var"],
+            history=history,
             context=t.get("context"), blocks=header["blocks"],
         )
         return eng

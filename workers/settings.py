@@ -32,6 +32,11 @@ class SamplerSettings(BaseModel):
         description="annealed: η = learning_rate / (n_prev + λ|C|), the data in the current target; "
         "block: η = learning_rate / n for the whole block (thesis §5.1.1)",
     )
+    preconditioning: bool = Field(
+        True,
+        description="cap each coordinate's SGHMC step at learning_rate × its weighted particle variance, "
+        "so high-curvature posteriors (small noise, large covariates) stay stable",
+    )
     momentum_decay: float = Field(0.2, gt=0, le=1, description="α, the SGHMC friction (eq. 2.53)")
     burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
     ess_target: float = Field(0.5, gt=0, lt=1, description="target conditional ESS per annealing step, a fraction of particles")

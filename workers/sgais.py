@@ -42,6 +42,8 @@ class SGAISState(NamedTuple):
     anchor : [M, D] control-variate anchors (zeros until the first anchoring).
     anchor_grad : [M, D] ``Σ_{y∈H} ∇ log p(y|anchor_i)``.
     n_anchor : history size when the anchors were last set (0 = never).
+    posterior_var : [D] float64 weighted particle variance per coordinate at the last annealing
+        step (the diagonal preconditioner's scale).
     history : the observations absorbed so far (shared, append-only).
     context : [p] last stream values for families with ``context_size`` > 0, else None.
     blocks : number of blocks absorbed.
@@ -53,6 +55,7 @@ class SGAISState(NamedTuple):
     anchor: torch.Tensor
     anchor_grad: torch.Tensor
     n_anchor: int
+    posterior_var: torch.Tensor
     history: History
     context: torch.Tensor | None
     blocks: int
@@ -80,6 +83,23 @@ class BlockInfo(NamedTuple):
     guard_tripped: bool  # max_annealing_steps reached; the rest of the block was taken in one increment
 
 
+#: Unconstrained coordinates beyond this magnitude mean the SGHMC moves have diverged.
+DIVERGED = 1e12
+PRECONDITIONER_SLACK = 4.0
+
+
+def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.Tensor) -> torch.Tensor:
+    """Per-coordinate variance of ``theta: [M, D]`` under normalised ``exp(log_w)``, ``[D]`` float64.
+
+    Bounded below by ``floor: [D]`` so that a population collapsed by resampling cannot
+    shrink the step size to nothing in one annealing step.
+    """
+    W = torch.softmax(log_w, 0)[:, None]
+    t = theta.to(torch.float64)
+    mean = (W * t).sum(0)
+    return torch.maximum((W * (t - mean) ** 2).sum(0), floor)
+
+
 def init(generator: torch.Generator, family: Family, settings: SamplerSettings) -> SGAISState:
     """Prior draws ``θ_i ~ p(θ)``, ``log w_i = 0`` (Alg. 8, lines 1–2)."""
     dtype, device = settings.torch_dtype, settings.torch_device
@@ -96,6 +116,7 @@ def init(generator: torch.Generator, family: Family, settings: SamplerSettings) 
         anchor=zeros.clone(),
         anchor_grad=zeros.clone(),
         n_anchor=0,
+        posterior_var=theta.to(torch.float64).var(0),
         history=history,
         context=None,
         blocks=0,
@@ -158,6 +179,7 @@ def absorb_block(
     block = Batch(x, y)
     theta, log_w, velocity = state.theta, state.log_w, state.velocity
     anchor, anchor_grad, n_anchor = state.anchor, state.anchor_grad, state.n_anchor
+    posterior_var = state.posterior_var
 
     use_cv = settings.control_variates and history.size > 0
     if use_cv and (n_anchor == 0 or n_prev >= settings.anchor_growth * n_anchor):
@@ -206,16 +228,22 @@ def absorb_block(
         if torch.isnan(log_w).any() or not torch.isfinite(torch.logsumexp(log_w, 0)):
             raise NumericalError("log-weights became NaN or all -inf")
         steps += 1
+        n_target = n_prev + lam * B if settings.learning_rate_schedule == "annealed" else n
+        step_size: float | torch.Tensor = settings.learning_rate / max(n_target, 1.0)
+        if settings.preconditioning:
+            posterior_var = weighted_variance(theta, log_w, floor=posterior_var / 4)
+            # η_d = lr · min(4·Var_d, 1/n): the thesis's lr/n unless coordinate d's posterior is more than
+            # 4× narrower than unit curvature per observation would make it; then η_d·curvature_d ≤ 4·lr,
+            # inside SGHMC's stability region (η·h < 2(2 − α)) for lr ≤ 0.5.
+            step_size = settings.learning_rate * torch.clamp(
+                PRECONDITIONER_SLACK * posterior_var, max=1.0 / max(n_target, 1.0)
+            ).to(theta.dtype)
         if settings.resample_threshold > 0 and float(ess(log_w)) < settings.resample_threshold * M:
             idx = resample(generator, log_w)
             theta, velocity = theta[idx], velocity[idx]
             anchor, anchor_grad = anchor[idx], anchor_grad[idx]
             log_w = torch.full_like(log_w, float(torch.logsumexp(log_w, 0) - math.log(M)))
             resampled = True
-        # η = learning_rate / (observations in the current target): the thesis's η = 0.1/n at
-        # λ = 1, but a larger step while λ·|C| is small and the target is still wide.
-        n_target = n_prev + lam * B if settings.learning_rate_schedule == "annealed" else n
-        step_size = settings.learning_rate / max(n_target, 1.0)
         for _ in range(settings.burn_in):
             theta, velocity = sghmc_step(
                 generator,
@@ -225,9 +253,10 @@ def absorb_block(
                 step_size=step_size,
                 momentum_decay=settings.momentum_decay,
             )
-        if not torch.isfinite(theta).all():
+        if not torch.isfinite(theta).all() or float(theta.abs().max()) > DIVERGED:
             raise NumericalError(
-                "SGHMC moved particles to NaN/inf; lower sampler.learning_rate or standardise the data"
+                "SGHMC diverged (particles at NaN/inf or beyond 1e12); lower sampler.learning_rate "
+                "or standardise the data"
             )
 
     if use_cv:
@@ -241,6 +270,7 @@ def absorb_block(
         anchor=anchor,
         anchor_grad=anchor_grad,
         n_anchor=n_anchor,
+        posterior_var=posterior_var,
         history=history,
         context=context,
         blocks=state.blocks + 1,

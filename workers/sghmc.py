@@ -22,17 +22,22 @@ def sghmc_step(
     velocity: torch.Tensor,
     grad_fn: GradientFn,
     *,
-    step_size: float,
+    step_size: float | torch.Tensor,
     momentum_decay: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One SGHMC step. ``theta, velocity: [M, D]`` -> new ``(theta, velocity)``.
 
-    ``step_size`` is η (thesis eq. 2.53), ``momentum_decay`` is α.
+    ``step_size`` is η (thesis eq. 2.53): a number, or ``[D]`` for a constant diagonal
+    preconditioner ``η_d = η·P_d`` (SGHMC with mass matrix ``P⁻¹``, Chen et al. 2014 §3.2:
+    ``v ← (1−α)v − η P ∇U + N(0, 2αη P)``; no correction term since ``P`` does not depend
+    on ``θ`` during the chain).  ``momentum_decay`` is α.
     """
     noise = torch.randn(theta.shape, generator=generator, dtype=theta.dtype, device=theta.device)
-    velocity = (1.0 - momentum_decay) * velocity - step_size * grad_fn(theta) + math.sqrt(
-        2.0 * momentum_decay * step_size
-    ) * noise
+    if isinstance(step_size, torch.Tensor):
+        noise_scale = torch.sqrt(2.0 * momentum_decay * step_size)
+    else:
+        noise_scale = math.sqrt(2.0 * momentum_decay * step_size)
+    velocity = (1.0 - momentum_decay) * velocity - step_size * grad_fn(theta) + noise_scale * noise
     return theta + velocity, velocity
 
 
@@ -43,7 +48,7 @@ def sghmc_chain(
     grad_fn_factory: Callable[[], GradientFn],
     *,
     steps: int,
-    step_size: float,
+    step_size: float | torch.Tensor,
     momentum_decay: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGHMC steps; ``grad_fn_factory()`` gives each step its gradient (a fresh mini-batch)."""
