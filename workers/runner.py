@@ -243,7 +243,9 @@ class Worker:
 
     def absorb(self, h: Held, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         """One chunk: update block by block (timing each), detect alerts, commit."""
-        x, y = records.decode_chunk(fields)
+        # The stream log holds the chunk as validated by the stream's schema; this model's family
+        # may lay it out differently (a 1-D gmm wants y: [B, 1], an autoregressive model y: [B]).
+        x, y = h.engine.family.validate(*records.decode_chunk(fields))
         seq, first = int(fields[b"seq"]), int(fields[b"first_index"])
         size, n = h.engine.settings.block_size, y.shape[0]
         settings = detector_lib.AlertSettings(**h.cfg.get("alerts", {}))
