@@ -35,6 +35,10 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             # the event loop must get the GIL back quickly from the worker threads' Python-heavy
             # small-tensor work, or request latency grows by the 5 ms default switch interval per await
             sys.setswitchinterval(0.0005)
+            if settings.torch_threads:
+                import torch
+
+                torch.set_num_threads(settings.torch_threads)
 
             for i in range(workers):
                 w = Worker(settings, stop=stop)

@@ -10,8 +10,13 @@ import uuid
 
 import pytest
 import redis
+import torch
 
 from service.settings import Settings
+
+# Workers run torch on one intra-op thread (SGAIS_TORCH_THREADS, default 1); reductions over a
+# different thread count may round differently, so reference runs in the tests use the same.
+torch.set_num_threads(1)
 
 SMALL_MODEL = {"family": "linear_regression", "params": {"features": 2},
                "sampler": {"particles": 10, "burn_in": 5, "seed": 3}}
