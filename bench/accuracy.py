@@ -14,6 +14,7 @@ over seeds), the target ``3·10⁻⁴·n + 10`` nats, the throughput, and the se
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -78,10 +79,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest for d=5)")
     ap.add_argument("--variants", action="store_true", help="also run the thesis baseline and each step")
+    ap.add_argument("--sampler", type=json.loads, default=None, help="JSON sampler overrides to measure instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     checkpoints = [m for m in (1_000, 10_000, 100_000, 1_000_000) if m <= args.n]
     variants = VARIANTS if args.variants else {"default": {}}
+    if args.sampler is not None:
+        variants = {"custom": args.sampler}
     print(f"linear regression d={D}, known noise, chunks of {CHUNK}, n={args.n}, seeds={args.seeds}, "
           f"torch threads={args.threads}")
     for name, sampler in variants.items():

@@ -39,7 +39,7 @@ class SamplerSettings(BaseModel):
     )
     momentum_decay: float = Field(0.2, gt=0, le=1, description="α, the SGHMC friction (eq. 2.53)")
     burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
-    ess_target: float = Field(0.5, gt=0, lt=1, description="target conditional ESS per annealing step, a fraction of particles")
+    ess_target: float = Field(0.8, gt=0, lt=1, description="target conditional ESS per annealing step, a fraction of particles (thesis: 0.5; 0.8 measured better, bench/README.md)")
     resample_threshold: float = Field(0.5, ge=0, le=1, description="resample when ESS < this fraction of particles (0 = never)")
     resampling: Literal["systematic", "multinomial"] = "systematic"
     max_annealing_steps: int = Field(1000, ge=1, le=1_000_000, description="guard per block; hitting it is reported")
