@@ -31,7 +31,8 @@ def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
         x, y = eng.family.validate(chunk["x"], chunk["y"])
         size = eng.settings.block_size
         for start in range(0, y.shape[0], size):
-            (info,) = eng.update(x[start:start + size], y[start:start + size], validated=True)
+            xb = x[start:start + size] if x is not None else None
+            (info,) = eng.update(xb, y[start:start + size], validated=True)
             b = min(size, y.shape[0] - start)
             rows.append({"seq": chunk["seq"], "first_index": first + start, "observations": first + start + b,
                          "block_observations": b, "log_predictive": info.log_predictive,
