@@ -5,36 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from models.base import Family, HyperParams, ObservationError, ParameterSpec, ParameterSpace
+from models.autoregressive import Autoregressive
+from models.bnn import BayesianNeuralNetwork
+from models.gmm import GaussianMixture
 from models.linear_regression import LinearRegression
+from models.logistic_regression import LogisticRegression
 
 FAMILIES: dict[str, type[Family]] = {
-    LinearRegression.name: LinearRegression,
+    cls.name: cls
+    for cls in (LinearRegression, LogisticRegression, GaussianMixture, Autoregressive, BayesianNeuralNetwork)
 }
-
-try:  # families added by their own modules register here
-    from models.logistic_regression import LogisticRegression
-
-    FAMILIES[LogisticRegression.name] = LogisticRegression
-except ImportError:  # pragma: no cover - during development only
-    pass
-try:
-    from models.gmm import GaussianMixture
-
-    FAMILIES[GaussianMixture.name] = GaussianMixture
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from models.autoregressive import Autoregressive
-
-    FAMILIES[Autoregressive.name] = Autoregressive
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from models.bnn import BayesianNeuralNetwork
-
-    FAMILIES[BayesianNeuralNetwork.name] = BayesianNeuralNetwork
-except ImportError:  # pragma: no cover
-    pass
 
 
 class UnknownFamilyError(KeyError):

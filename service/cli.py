@@ -6,18 +6,13 @@ Commands live in their own modules and register on :data:`app`:
 
 from __future__ import annotations
 
-import importlib
-
 import typer
 
 app = typer.Typer(name="sgais", help="Streaming evidence service (SGAIS).", no_args_is_help=True)
 
-for _module in ("service.cli_server", "service.cli_client"):
-    try:
-        importlib.import_module(_module)
-    except ModuleNotFoundError as err:  # a module still being written: keep the others usable
-        if err.name != _module:
-            raise
+# Register the commands (each module does `@app.command()` on this app).
+import service.cli_client  # noqa: E402,F401  (demo, models, post, watch)
+import service.cli_server  # noqa: E402,F401  (serve, worker)
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m service.cli`: the commands registered on the importable module's app, not this copy's
