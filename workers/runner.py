@@ -89,6 +89,7 @@ class Worker:
         self.held: dict[str, Held] = {}
         self.ttl_ms = int(settings.lease_ttl_seconds * 1000)
         self._beat_at = self._scan_at = 0.0
+        self._priors: dict[tuple[str, str, str], float] = {}  # (tenant, stream, model) -> prior_probability
 
     # ----- loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -332,22 +333,33 @@ class Worker:
         """Stream posterior after this commit: (event body if the common count grew, leader record, switch alert)."""
         k, t = self.keys, h.tenant
         names = sorted(m.decode() for m in self.r.smembers(k.stream_models(t, h.stream)))
+        # Model configs are immutable while a model exists: read each one once (prior probability).
+        # (A model deleted and re-created under the same name between two commits keeps its old prior
+        # here until the next worker restart; deleted names are pruned below.)
+        for key in [key for key in self._priors if key[:2] == (t, h.stream) and key[2] not in names]:
+            del self._priors[key]
+        unknown = [m for m in names if (t, h.stream, m) not in self._priors]
         pipe = self.r.pipeline(transaction=False)
-        for m in names:
+        for m in unknown:
             pipe.get(k.model(t, m))
+        for m in names:
             pipe.hmget(k.checkpoint(t, m), ["observations", "status"])
         pipe.get(k.leader(t, h.stream))
         got = pipe.execute()
-        states, priors = {}, {}
-        for i, m in enumerate(names):
-            cfg, (obs, st) = got[2 * i], got[2 * i + 1]
+        for m, cfg in zip(unknown, got[: len(unknown)]):
             if cfg is not None:
-                priors[m] = json.loads(cfg)["prior_probability"]
+                self._priors[(t, h.stream, m)] = json.loads(cfg)["prior_probability"]
+        states, priors = {}, {}
+        for m, (obs, st) in zip(names, got[len(unknown) : len(unknown) + len(names)]):
+            if (t, h.stream, m) in self._priors:
+                priors[m] = self._priors[(t, h.stream, m)]
                 states[m] = {"observations": int(obs or 0), "status": (st or b"").decode()}
         states[h.name] = {"observations": observations, "status": "ok"}
         priors[h.name] = h.cfg["prior_probability"]
         previous = json.loads(got[-1]) if got[-1] else None
         count = records.common_count(states)
+        if previous is not None and count == previous["observations"]:
+            return None, previous, None  # the common count did not move: nothing to recompute
         active = [m for m in states if states[m]["status"] != "error"]
         lz = {m: 0.0 for m in active}
         if count > 0:
