@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(64 * 2**20, ge=1024, description="larger request bodies are 413")
     lease_ttl_seconds: float = Field(10.0, gt=0, description="a worker's lease on a model expires after this without renewal")
     heartbeat_seconds: float = Field(1.0, gt=0, description="worker heartbeat period; fresh = within 3 periods")
-    poll_seconds: float = Field(0.5, gt=0, description="worker: longest wait for new chunks before rescanning models")
+    poll_seconds: float = Field(0.1, gt=0, description="worker: longest wait for new chunks before rescanning models (also how soon a new model is leased)")
     read_batch: int = Field(64, ge=1, description="worker: stream entries read per XRANGE")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="default sampler.device for models that do not set one")
     metrics_port: int | None = Field(None, description="worker: serve Prometheus metrics on this port")
