@@ -212,14 +212,14 @@ def absorb_block(
         if torch.isnan(ll).any():
             raise NumericalError(f"log-likelihood is NaN for {int(torch.isnan(ll).sum())} of {M} particles")
         remaining = 1.0 - lam
-        if steps + 1 >= settings.max_annealing_steps:
+        try:
+            delta = solve_increment(log_w, ll, target=target, remaining=remaining)
+        except FloatingPointError as err:
+            raise NumericalError(str(err)) from err
+        if steps + 1 >= settings.max_annealing_steps and delta < remaining:
+            # The guard: take the rest of the block in this step and say so (BlockInfo.guard_tripped).
             delta = remaining
             guard_tripped = True
-        else:
-            try:
-                delta = solve_increment(log_w, ll, target=target, remaining=remaining)
-            except FloatingPointError as err:
-                raise NumericalError(str(err)) from err
         # Snap to 1 when the rest is within rounding (avoids a final sliver step).
         if lam + delta >= 1.0 - 1e-12:
             delta = remaining
