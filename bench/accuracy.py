@@ -26,14 +26,19 @@ from workers.engine import ModelEngine
 D = 5
 CHUNK = 500
 
+# The ladder from the thesis's algorithm to the defaults; each row adds one change to the previous one.
+_THESIS = {"control_variates": False, "learning_rate_schedule": "block", "resample_threshold": 0.0,
+           "warmup_particles": None, "preconditioning": False, "ess_target": 0.5}
 VARIANTS = {
-    # Cameron 2020, Alg. 8 as written: plain mini-batch gradients, η = 0.1/n, no resampling, M = 10 throughout.
-    "thesis": {"control_variates": False, "learning_rate_schedule": "block", "resample_threshold": 0.0,
-               "warmup_particles": None},
-    "+annealed η": {"control_variates": False, "resample_threshold": 0.0, "warmup_particles": None},
-    "+control variates": {"resample_threshold": 0.0, "warmup_particles": None},
-    "+resampling": {"warmup_particles": None},
-    "default": {},  # + 50 warm-up particles for the first 2000 observations
+    # Cameron 2020, Alg. 8 as written: plain mini-batch gradients, η = 0.1/n, no resampling, M = 10, ESS* = M/2.
+    "thesis": _THESIS,
+    "+annealed η": {**_THESIS, "learning_rate_schedule": "annealed"},
+    "+control variates": {**_THESIS, "learning_rate_schedule": "annealed", "control_variates": True},
+    "+resampling": {**_THESIS, "learning_rate_schedule": "annealed", "control_variates": True,
+                    "resample_threshold": 0.5},
+    "+warm-up particles": {"preconditioning": False, "ess_target": 0.5},
+    "+preconditioning": {"ess_target": 0.5},
+    "default": {},  # + ess_target 0.8
 }
 
 
