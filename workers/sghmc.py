@@ -40,20 +40,3 @@ def sghmc_step(
     velocity = (1.0 - momentum_decay) * velocity - step_size * grad_fn(theta) + noise_scale * noise
     return theta + velocity, velocity
 
-
-def sghmc_chain(
-    generator: torch.Generator,
-    theta: torch.Tensor,
-    velocity: torch.Tensor,
-    grad_fn_factory: Callable[[], GradientFn],
-    *,
-    steps: int,
-    step_size: float | torch.Tensor,
-    momentum_decay: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``steps`` SGHMC steps; ``grad_fn_factory()`` gives each step its gradient (a fresh mini-batch)."""
-    for _ in range(steps):
-        theta, velocity = sghmc_step(
-            generator, theta, velocity, grad_fn_factory(), step_size=step_size, momentum_decay=momentum_decay
-        )
-    return theta, velocity
