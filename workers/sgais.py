@@ -7,6 +7,11 @@ block's likelihood in from λ = 0 to 1 with ESS-adaptive increments (eq. 4.13,
 explicit ``torch.Generator`` and return a new state; only the append-only
 history buffer is shared between the old and the new state.
 
+Step sizes: ``η_d = lr · min(4·Var_d, 1/(n·f_d))`` per coordinate, ``Var_d`` the weighted particle
+variance and ``f_d`` the per-observation empirical Fisher information measured on each block after
+the warm-up (``fisher_diagonal``; ``f_d = 1`` before it, the thesis's ``η = lr/n``), floored so
+that no step grows more than ``fisher_step_growth``-fold.
+
 Evidence bookkeeping (eq. 4.6): ``log Ẑ_n = logsumexp(log w) − log M``; a
 resampling step replaces every log-weight by the log of their mean, which
 leaves ``Ẑ`` unchanged, so weights that are non-uniform before a block need no
@@ -86,6 +91,32 @@ class BlockInfo(NamedTuple):
 #: Unconstrained coordinates beyond this magnitude mean the SGHMC moves have diverged.
 DIVERGED = 1e12
 PRECONDITIONER_SLACK = 4.0
+#: Rademacher probes per block for the empirical Fisher diagonal (``fisher_diagonal``).
+FISHER_PROBES = 4
+
+
+def fisher_diagonal(
+    generator: torch.Generator, family: Family, theta: torch.Tensor, log_w: torch.Tensor,
+    x: torch.Tensor | None, y: torch.Tensor, *, probes: int,
+) -> torch.Tensor:
+    """Per-observation empirical Fisher information ``f: [D]`` float64 on the block ``(x, y)``.
+
+    ``f_d = Σ_i W_i · (1/B) Σ_b (∂_d log p(y_b|θ_i))²`` over the particles ``theta: [M, D]`` with
+    normalised weights ``W = softmax(log_w)``. Per-observation gradients are never formed: for a
+    Rademacher vector ``s: [B]``, ``E_s[(Σ_b s_b ∇ log p(y_b|θ))²] = Σ_b (∇ log p(y_b|θ))²``
+    (Hutchinson's trick), averaged over ``probes`` vectors drawn from ``generator``.
+    """
+    B = y.shape[0]
+    with torch.enable_grad():
+        t = theta.detach().requires_grad_(True)
+        ll = family.log_likelihood(t, x, y)  # [M, B]
+        total = torch.zeros_like(theta, dtype=torch.float64)
+        for k in range(probes):
+            s = torch.randint(0, 2, (B,), generator=generator, device=theta.device).to(ll.dtype) * 2 - 1
+            (g,) = torch.autograd.grad((ll * s).sum(), t, retain_graph=k + 1 < probes)
+            total += g.to(torch.float64) ** 2
+    W = torch.softmax(log_w, 0)[:, None]
+    return (W * total).sum(0) / (probes * B)
 
 
 def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.Tensor) -> torch.Tensor:
@@ -201,6 +232,12 @@ def absorb_block(
             )
         return minibatch_gradient(family, t, block=block, lam=lam, batch=batch, n_prev=n_prev)
 
+    fisher = None
+    if settings.preconditioning and settings.fisher_step_growth > 1 and n_prev >= settings.warmup_observations:
+        # Per-observation curvature of each coordinate, measured on the new block at the current
+        # particles; floored at 1/growth so that no step grows more than `fisher_step_growth`-fold.
+        fisher = fisher_diagonal(generator, family, theta, log_w, x, y, probes=FISHER_PROBES)
+        fisher = torch.clamp(fisher, min=1.0 / settings.fisher_step_growth)
     resample = RESAMPLERS[settings.resampling]
     lam = 0.0
     steps = 0
@@ -235,8 +272,12 @@ def absorb_block(
             # η_d = lr · min(4·Var_d, 1/n): the thesis's lr/n unless coordinate d's posterior is more than
             # 4× narrower than unit curvature per observation would make it; then η_d·curvature_d ≤ 4·lr,
             # inside SGHMC's stability region (η·h < 2(2 − α)) for lr ≤ 0.5.
-            step_size = settings.learning_rate * torch.clamp(
-                PRECONDITIONER_SLACK * posterior_var, max=1.0 / max(n_target, 1.0)
+            # With the Fisher diagonal f_d (after the warm-up), 1/n becomes 1/(n·f_d): unit curvature per
+            # observation is replaced by the measured one, so weakly identified coordinates (f_d < 1) move
+            # faster — up to fisher_step_growth times — while ηh stays ≈ lr.
+            cap = 1.0 / max(n_target, 1.0) if fisher is None else 1.0 / (max(n_target, 1.0) * fisher)
+            step_size = settings.learning_rate * torch.minimum(
+                PRECONDITIONER_SLACK * posterior_var, torch.as_tensor(cap, dtype=torch.float64)
             ).to(theta.dtype)
         if settings.resample_threshold > 0 and float(ess(log_w)) < settings.resample_threshold * M:
             idx = resample(generator, log_w)
