@@ -37,8 +37,10 @@ VARIANTS = {
     "+resampling": {**_THESIS, "learning_rate_schedule": "annealed", "control_variates": True,
                     "resample_threshold": 0.5},
     "+warm-up particles": {"preconditioning": False, "ess_target": 0.5},
-    "+preconditioning": {"ess_target": 0.5},
-    "default": {},  # + ess_target 0.8
+    "+preconditioning": {"ess_target": 0.5, "fisher_step_growth": 1},
+    "+ess_target 0.8": {"ess_target": 0.8, "fisher_step_growth": 1},
+    "+ess_target 0.9": {"fisher_step_growth": 1},
+    "default": {},  # + Fisher-scaled step cap after the warm-up
 }
 
 
