@@ -47,14 +47,14 @@ class SamplerSettings(BaseModel):
     burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
     ess_target: float = Field(0.9, gt=0, lt=1, description="target conditional ESS per annealing step, a fraction of particles (thesis: 0.5; 0.9 measured better on logistic regression, bench/README.md)")
     resample_threshold: float = Field(0.5, ge=0, le=1, description="resample when ESS < this fraction of particles (0 = never)")
-    resampling: Literal["systematic", "multinomial"] = "systematic"
+    resampling: Literal["systematic", "multinomial"] = Field("systematic", description="resampling scheme (thesis §3.4)")
     max_annealing_steps: int = Field(1000, ge=1, le=1_000_000, description="guard per block; hitting it is reported")
     control_variates: bool = Field(True, description="mini-batch gradients with control variates around per-particle anchors")
     anchor_growth: float = Field(2.0, gt=1, le=1000, description="re-anchor when the history has grown by this factor")
     history_capacity: int | None = Field(None, ge=1, description="reservoir size for the mini-batch history; null keeps everything")
-    seed: int = Field(0, ge=0, lt=2**63)
-    dtype: Literal["float32", "float64"] = "float64"
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    seed: int = Field(0, ge=0, lt=2**63, description="seed of the model's torch.Generator (checkpointed with the state)")
+    dtype: Literal["float32", "float64"] = Field("float64", description="particle dtype; log-weights are always float64")
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="torch device; auto = cuda when available (the service default comes from SGAIS_DEVICE)")
 
     @model_validator(mode="after")
     def _check(self) -> "SamplerSettings":
