@@ -299,7 +299,7 @@ class Worker:
         ckpt = {
             "state": eng.to_bytes(include_history=False), "cursor": cursor, "chunks": seq,
             "observations": eng.observations, "log_evidence": repr(eng.log_evidence),
-            "detector": json.dumps(h.detector), "posterior": json.dumps(eng.posterior_summary()),
+            "detector": json.dumps(h.detector),
             "last_block": json.dumps(records.block_of(rows[-1])) if rows else "", "status": "ok", "error": "",
         }
         events = []
