@@ -96,8 +96,10 @@ class Worker:
         log.info("worker %s started", self.id)
         while not self.stop.is_set():
             try:
-                if not self.step():
-                    self.wait_for_data()
+                self.step()
+                # returns at once while any model has entries pending; saves the empty XRANGE of every
+                # model that another pass would take to find out that nothing new has arrived
+                self.wait_for_data()
             except (redis.ConnectionError, redis.TimeoutError) as err:
                 log.warning("worker %s: Redis unavailable (%s); retrying", self.id, err)
                 self.held.clear()  # leases and checkpoints are re-read when Redis is back
