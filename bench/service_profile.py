@@ -9,7 +9,9 @@ stream), but starts the API (``sgais serve --workers 0``, embedded Redis) and ON
   so the CPU numbers are the ones to quote without it): wall seconds per model-chunk in the
   engine update, checkpoint serialisation, posterior summary, the commit's Redis round trips,
   waiting for data, lease scans; and the number of round trips (``send_packed_command`` calls);
-- Redis ``INFO commandstats``: calls and server microseconds per command.
+- Redis ``INFO commandstats``: calls and server microseconds per command;
+- the bare engine's CPU seconds on the same chunks (``bench/service.py``'s ``bare``), for a
+  CPU-cost ratio that depends less on what else runs on the machine than the wall-time ratio.
 
     python bench/service_profile.py [--chunks 100] [--no-cprofile] [--top 25]
 
@@ -87,9 +89,20 @@ def start_api(port: int, data_dir: str, prefix: str, log_path: Path, prof: Path 
     raise RuntimeError("API did not print its Redis URL")
 
 
-def start_worker(redis_url: str, prefix: str, prof: Path | None) -> subprocess.Popen:
+# cProfile on the CPU clock (time.process_time) instead of the wall clock; the worker exits its loop on SIGTERM
+_CPU_PROFILE = ("import cProfile, runpy, sys, time; p = cProfile.Profile(time.process_time); p.enable()\n"
+                "try: runpy.run_module('workers.runner', run_name='__main__')\n"
+                "finally: p.disable(); p.dump_stats(sys.argv[1])")
+
+
+def start_worker(redis_url: str, prefix: str, prof: Path | None, clock: str = "wall") -> subprocess.Popen:
     env = {**os.environ, "SGAIS_REDIS_URL": redis_url, "SGAIS_KEY_PREFIX": prefix, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable] + (["-m", "cProfile", "-o", str(prof)] if prof else []) + ["-m", "workers.runner"]
+    if prof is None:
+        cmd = [sys.executable, "-m", "workers.runner"]
+    elif clock == "cpu":
+        cmd = [sys.executable, "-c", _CPU_PROFILE, str(prof)]
+    else:
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "workers.runner"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -116,9 +129,9 @@ def find(stats: pstats.Stats, suffix: str, name: str) -> tuple[int, float] | Non
     return (calls, cum) if hit else None
 
 
-def report_worker(prof: Path, model_chunks: int, top: int) -> None:
+def report_worker(prof: Path, model_chunks: int, top: int, clock: str) -> None:
     stats = pstats.Stats(str(prof))
-    print(f"\nWorker under cProfile (wall time, {model_chunks} model-chunks):")
+    print(f"\nWorker under cProfile ({clock} time, {model_chunks} model-chunks):")
     print(f"{'':44} {'calls':>8} {'total s':>8} {'ms/model-chunk':>14}")
     for label, suffix, name in WORKER_FUNCS:
         got = find(stats, suffix, name)
@@ -136,6 +149,8 @@ def main() -> None:
     ap.add_argument("--no-cprofile", action="store_true", help="measure CPU seconds only")
     ap.add_argument("--top", type=int, default=0, help="also print the top N functions by internal time")
     ap.add_argument("--cprofile-api", action="store_true", help="also run the API under cProfile and print its top functions")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="the worker's cProfile clock: wall (time waiting on Redis shows) or CPU (process time)")
     ap.add_argument("--keep", type=Path, default=None, help="write worker.prof / api.prof into this directory")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -150,7 +165,7 @@ def main() -> None:
         r = redis.Redis.from_url(url)
         redis_pid = int(r.info("server")["process_id"])
         prof = None if args.no_cprofile else out / "worker.prof"
-        worker = start_worker(url, prefix, prof)
+        worker = start_worker(url, prefix, prof, args.clock)
         try:
             wait_ready(base)
             r.config_resetstat()
@@ -165,6 +180,11 @@ def main() -> None:
             cpu1 = {k: cpu_seconds(p) for k, p in procs.items()} | {"client": self_cpu()}
             cmdstats = r.info("commandstats")
             print(f"load average after: {os.getloadavg()}")
+            bare_cpu = 0.0
+            for n_models in (1, 10):
+                c0 = time.process_time()
+                bench.bare(chunks, n_models)
+                bare_cpu += time.process_time() - c0
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
@@ -179,11 +199,15 @@ def main() -> None:
         for k in ("worker", "api", "redis", "client"):
             d = cpu1[k] - cpu0[k]
             print(f"  {k:7} {d:7.2f} s  {1000 * d / model_chunks:7.3f} ms/model-chunk")
+        service_cpu = sum(cpu1[k] - cpu0[k] for k in ("worker", "api", "redis"))
+        print(f"  bare engine {bare_cpu:7.2f} s  {1000 * bare_cpu / model_chunks:7.3f} ms/model-chunk (same chunks, after)")
+        print(f"  CPU ratio worker / bare {(cpu1['worker'] - cpu0['worker']) / bare_cpu:.3f}, "
+              f"worker + API + Redis / bare {service_cpu / bare_cpu:.3f}")
         print("\nRedis commandstats (calls, server usec total, usec/call):")
         for name, st in sorted(cmdstats.items(), key=lambda kv: -kv[1]["usec"]):
             print(f"  {name.removeprefix('cmdstat_'):22} {st['calls']:8d} {st['usec']:10d} {st['usec_per_call']:8.1f}")
         if prof is not None:
-            report_worker(prof, model_chunks, args.top)
+            report_worker(prof, model_chunks, args.top, args.clock)
         if api_prof is not None:
             print("\nAPI under cProfile, top functions by cumulative time:")
             pstats.Stats(str(api_prof)).sort_stats("cumulative").print_stats(args.top or 40)
