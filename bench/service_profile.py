@@ -68,6 +68,12 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of a process's main thread."""
+    run_ns, wait_ns, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
+
 def self_cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -171,6 +177,7 @@ def main() -> None:
             r.config_resetstat()
             procs = {"api": api.pid, "worker": worker.pid, "redis": redis_pid}
             cpu0 = {k: cpu_seconds(p) for k, p in procs.items()} | {"client": self_cpu()}
+            sched0 = {k: schedstat(p) for k, p in procs.items()}
             print(f"load average before: {os.getloadavg()}")
             rows, t_all = [], 0.0
             for n_models in (1, 10):
@@ -178,6 +185,7 @@ def main() -> None:
                 rows.append((n_models, t_service, t_post))
                 t_all += t_service
             cpu1 = {k: cpu_seconds(p) for k, p in procs.items()} | {"client": self_cpu()}
+            sched1 = {k: schedstat(p) for k, p in procs.items()}
             cmdstats = r.info("commandstats")
             print(f"load average after: {os.getloadavg()}")
             bare_cpu = 0.0
@@ -199,6 +207,10 @@ def main() -> None:
         for k in ("worker", "api", "redis", "client"):
             d = cpu1[k] - cpu0[k]
             print(f"  {k:7} {d:7.2f} s  {1000 * d / model_chunks:7.3f} ms/model-chunk")
+        print(f"Main thread of each process over the {t_all:.2f} s: running / runnable but waiting for a CPU / asleep")
+        for k in ("worker", "api", "redis"):
+            run, wait = (sched1[k][i] - sched0[k][i] for i in (0, 1))
+            print(f"  {k:7} {run:7.2f} s / {wait:7.2f} s / {t_all - run - wait:7.2f} s")
         service_cpu = sum(cpu1[k] - cpu0[k] for k in ("worker", "api", "redis"))
         print(f"  bare engine {bare_cpu:7.2f} s  {1000 * bare_cpu / model_chunks:7.3f} ms/model-chunk (same chunks, after)")
         print(f"  CPU ratio worker / bare {(cpu1['worker'] - cpu0['worker']) / bare_cpu:.3f}, "
