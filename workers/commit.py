@@ -106,12 +106,12 @@ local stream_chunks = tonumber(redis.call('HGET', KEYS[7], 'chunks') or '0')
 local fields = {}
 for _ = 1, tonumber(nxt()) do fields[#fields + 1] = nxt(); fields[#fields + 1] = nxt() end
 redis.call('HSET', KEYS[2], unpack(fields))
-local n = tonumber(nxt())
-if n > 0 then
-  local zargs = {}
-  for _ = 1, n do zargs[#zargs + 1] = nxt(); zargs[#zargs + 1] = nxt() end
-  redis.call('ZADD', KEYS[3], unpack(zargs))
+local zargs = {}
+for i = 1, tonumber(nxt()) do  -- in batches: unpack() takes a few thousand values at most
+  zargs[#zargs + 1] = nxt(); zargs[#zargs + 1] = nxt()
+  if #zargs == 1000 then redis.call('ZADD', KEYS[3], unpack(zargs)); zargs = {} end
 end
+if #zargs > 0 then redis.call('ZADD', KEYS[3], unpack(zargs)) end
 for _ = 1, tonumber(nxt()) do
   local le, seconds = nxt(), nxt()
   if le ~= '' then redis.call('HINCRBY', KEYS[6], le, 1) end

@@ -13,6 +13,7 @@ from service.app import create_app
 from service.keys import Keys
 from tests.conftest import SMALL_MODEL
 from tests.integration.helpers import linear_chunks
+from workers.commit import Scripts
 from workers.runner import LeaseLost, Worker
 
 # "b" has 100x the prior weight but a noise std 5x too large: it leads at 0 observations, "a" after 300.
@@ -108,3 +109,17 @@ def test_next_holder_completes_an_interrupted_stream_posterior_update(api, setti
         r.delete(Keys(settings.key_prefix).lease("default", name))
     run_until_idle(Worker(settings))  # restores the models from their checkpoints
     assert json.loads(r.get(leader_key)) == {"model": "a", "observations": 600}
+
+
+def test_commit_script_stores_a_chunk_of_many_blocks(settings, r):
+    # a chunk of 20,000 one-observation blocks (block_size 1) is 20,000 trace rows in one commit
+    keys, n = Keys(settings.key_prefix), 20_000
+    r.set(keys.lease("default", "m"), "token")
+    rows = [{"seq": 1, "first_index": i, "block_observations": 1, "observations": i + 1, "log_predictive": -1.0,
+             "log_evidence": -1.0 - i, "annealing_steps": 1, "ess": 10.0, "resampled": False,
+             "guard_tripped": False, "seconds": 0.001} for i in range(n)]
+    Scripts(r, keys).commit(tenant="default", model="m", stream="s", token="token", ttl_ms=1000,
+                            checkpoint={"chunks": 1, "observations": n}, rows=rows, events=[], alerts=[],
+                            observations=n, known=None)
+    assert r.zcard(keys.trace("default", "m")) == n
+    assert int(r.hget(keys.block_seconds, "count")) == n
