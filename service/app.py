@@ -15,7 +15,7 @@ from service.settings import Settings, get_settings
 
 
 def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI:
-    """Build the app. ``settings`` (default: the environment) override :func:`get_settings`;
+    """Build the app. ``settings`` (default: the environment, :func:`get_settings`) are what the routes see;
     ``workers`` worker threads run in this process for the app's lifetime.
     """
     settings = settings or get_settings()
@@ -59,8 +59,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
                     "alerts by SGAIS (API.md).",
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.dependency_overrides[get_settings] = lambda: settings
+    app.state.settings = settings  # what the SettingsDep dependency returns
     for module in (models, chunks, evidence, alerts, events, ops):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

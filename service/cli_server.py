@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,15 +53,19 @@ def serve(
                                        workers=workers, worker_mode=worker_mode).items() if v is not None}
     settings = get_settings().model_copy(update=overrides)
     server = None
-    if not settings.redis_url:
-        server, url = embedded_redis(settings.data_dir)
-        settings = settings.model_copy(update={"redis_url": url})
-        typer.echo(f"embedded Redis at {url} (data in {settings.data_dir})")
-    if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.tenants_by_key():
-        typer.echo("warning: no SGAIS_API_KEYS set and binding beyond loopback: the API is open", err=True)
     children: list[subprocess.Popen] = []
     threads = settings.workers if settings.worker_mode == "thread" else 0
+    # uvicorn shuts down gracefully on SIGTERM, restores the handler it found and raises the signal
+    # again: with the default handler the process died there, before the `finally` below that stops
+    # the worker processes and the embedded Redis (both were left running). Exit through it instead.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
+        if not settings.redis_url:
+            server, url = embedded_redis(settings.data_dir)
+            settings = settings.model_copy(update={"redis_url": url})
+            typer.echo(f"embedded Redis at {url} (data in {settings.data_dir})")
+        if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.tenants_by_key():
+            typer.echo("warning: no SGAIS_API_KEYS set and binding beyond loopback: the API is open", err=True)
         if settings.worker_mode == "process":
             env = {**os.environ, "SGAIS_REDIS_URL": settings.redis_url, "SGAIS_KEY_PREFIX": settings.key_prefix,
                    "SGAIS_DEVICE": settings.device}
@@ -71,6 +76,7 @@ def serve(
         uvicorn.run(create_app(settings, workers=threads), host=settings.host, port=settings.port,
                     log_level="info")
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         for child in children:
             child.terminate()
         for child in children:

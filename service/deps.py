@@ -1,4 +1,9 @@
-"""FastAPI dependencies: settings, Redis, key names and the caller's tenant."""
+"""FastAPI dependencies: settings, Redis, key names and the caller's tenant.
+
+They are ``async def``: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hand-off
+per dependency per request.  The settings come from the app (``app.state.settings``) rather than
+through ``app.dependency_overrides``, with which FastAPI re-analyses every dependency's signature on
+every request."""
 
 from __future__ import annotations
 
@@ -8,20 +13,27 @@ from typing import Annotated
 import redis.asyncio as aioredis
 from fastapi import Depends, HTTPException, Request, WebSocket, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from service.keys import Keys
-from service.settings import Settings, get_settings
+from service.settings import Settings
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+async def get_app_settings(connection: HTTPConnection) -> Settings:
+    """The settings the app was created with (``create_app``)."""
+    return connection.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 _bearer = HTTPBearer(auto_error=False, description="API key of a tenant (SGAIS_API_KEYS)")
 
 
-def get_redis(request: Request) -> aioredis.Redis:
+async def get_redis(request: Request) -> aioredis.Redis:
     """The app's Redis client (opened by the lifespan)."""
     return request.app.state.redis
 
 
-def get_keys(settings: SettingsDep) -> Keys:
+async def get_keys(settings: SettingsDep) -> Keys:
     return Keys(settings.key_prefix)
 
 
@@ -38,7 +50,7 @@ def tenant_for_key(settings: Settings, key: str | None) -> str | None:
     return None
 
 
-def get_tenant(
+async def get_tenant(
     settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> str:
     """The caller's tenant from ``Authorization: Bearer <key>``; 401 when missing or wrong."""

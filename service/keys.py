@@ -14,8 +14,9 @@ key                                    type        contents
 ``P:T:stream:{s}:models``              set         model names on the stream
 ``P:T:stream:{s}:leader``              string      JSON ``{"model", "observations"}``: most probable model
 ``P:T:ckpt:{m}``                       hash        ``state`` (safetensors bytes), ``cursor`` (entry id), ``chunks``,
-                                                   ``observations``, ``log_evidence``, ``detector``, ``posterior``,
-                                                   ``last_block``, ``status``, ``error``
+                                                   ``observations``, ``log_evidence``, ``detector``, ``last_block``,
+                                                   ``status``, ``error`` (the parameter posterior is computed
+                                                   from ``state`` when the API is asked for it)
 ``P:T:trace:{m}``                      zset        trace rows (JSON) scored by ``first_index``
 ``P:T:alerts``                         zset        alert JSON scored by creation time (ms)
 ``P:T:lease:{m}``                      string      lease token of the worker holding the model (PX TTL)

@@ -54,6 +54,15 @@ def evidence_body(model: str, stream: str, ckpt: dict[str, str] | None, stream_c
     }
 
 
+def evidence_event_head(model: str, stream: str, ckpt: dict[str, Any]) -> str:
+    """The ``evidence`` event (``{"type": "evidence", ...evidence body}``) as JSON, cut before its last
+    field: the writer appends ``<chunks pending>}`` once it knows the stream's chunk count (the worker's
+    commit script reads it in the same atomic step).  ``ckpt`` as for :func:`evidence_body`."""
+    body = evidence_body(model, stream, ckpt, 0)
+    del body["chunks_pending"]
+    return json.dumps({"type": "evidence", **body})[:-1] + ', "chunks_pending": '
+
+
 def block_of(row: dict[str, Any]) -> dict[str, Any]:
     """A trace row -> the ``last_block`` body (``observations`` = stream values in the block)."""
     out = {k: row[k] for k in ("seq", "first_index", "log_predictive", "annealing_steps", "ess", "resampled",

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
+import redis
 
 from service.client import ApiError, SgaisClient
-from service.demo import local_service, run_demo
+from service.demo import free_port, local_service, run_demo
+from tests.conftest import wait_until
 
 SAMPLER = {"particles": 10, "burn_in": 5, "block_size": 10, "seed": 1}
 
@@ -98,3 +106,35 @@ def test_client_round_trip_and_errors(service_url):
         with pytest.raises(ApiError) as err:
             c.evidence("cl-a")
         assert err.value.status == 404
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_serve_stops_its_workers_and_embedded_redis_on_sigterm(tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port),
+         "--data-dir", str(tmp_path / "data"), "--workers", "1"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env=dict(os.environ, SGAIS_API_KEYS=""))
+    try:
+        with SgaisClient(f"http://127.0.0.1:{port}") as c:
+            wait_until(lambda: proc.poll() is not None or c.readyz(), timeout=120)
+        assert proc.poll() is None, log.read_text()
+        url = re.search(r"embedded Redis at (\S+)", log.read_text()).group(1)
+        redis_pid = int(redis.Redis.from_url(url).info("server")["process_id"])
+        workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(workers) == 1 and _alive(redis_pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        wait_until(lambda: not any(_alive(pid) for pid in [*workers, redis_pid]), timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

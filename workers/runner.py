@@ -3,11 +3,13 @@
 Loop (DESIGN.md §2): heartbeat; discover models (``P:models``) and lease a fair share of them
 (``SET NX PX`` with a random token, renewed); restore each leased model from its checkpoint
 (history rebuilt by replaying the stream log); read the log entries after the model's cursor;
-``ModelEngine.update`` block by block; then ONE ``MULTI/EXEC`` per chunk, fenced by the lease
-(``WATCH`` the lease key and check it still holds our token), that stores the checkpoint, moves
-the cursor, and writes trace rows, alerts, metrics and events.  A chunk is applied iff the
-cursor moved past it in the transaction that stored the new state, so a worker killed at any
-moment loses nothing and counts nothing twice; a restart reproduces the same values bit for bit.
+``ModelEngine.update`` block by block; then ONE Lua script per chunk (``workers.commit``, one
+round trip), fenced by the lease (it writes nothing unless the lease still holds our token), that
+stores the checkpoint, moves the cursor, and writes trace rows, alerts, metrics and events
+atomically; when the stream's common observation count moved, a second fenced script stores the
+stream posterior.  A chunk is applied iff the cursor moved past it in the script that stored the
+new state, so a worker killed at any moment loses nothing and counts nothing twice; a restart
+reproduces the same values bit for bit.
 
 Run alone with ``sgais worker --redis-url URL`` or ``python -m workers.runner``.
 """
@@ -37,6 +39,7 @@ from service.comparison import leader as leader_of
 from service.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
 from service.settings import Settings, get_settings
 from workers import alerts as detector_lib
+from workers.commit import LeaseLost, Scripts, StreamState
 from workers.engine import ModelEngine
 from workers.sgais import NumericalError
 
@@ -52,10 +55,6 @@ OBSERVATIONS = Counter("sgais_worker_observations", "observations absorbed by th
 RENEW_LUA = ("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) "
              "else return 0 end")
 RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
-
-
-class LeaseLost(Exception):
-    """Our lease on a model expired, was taken over, or the model was deleted."""
 
 
 @dataclass
@@ -90,14 +89,17 @@ class Worker:
         self.ttl_ms = int(settings.lease_ttl_seconds * 1000)
         self._beat_at = self._scan_at = 0.0
         self._priors: dict[tuple[str, str, str], float] = {}  # (tenant, stream, model) -> prior_probability
+        self.scripts = Scripts(self.r, self.keys)
 
     # ----- loop -------------------------------------------------------------------------------
     def run(self) -> None:
         log.info("worker %s started", self.id)
         while not self.stop.is_set():
             try:
-                if not self.step():
-                    self.wait_for_data()
+                self.step()
+                # returns at once while any model has entries pending; saves the empty XRANGE of every
+                # model that another pass would take to find out that nothing new has arrived
+                self.wait_for_data()
             except (redis.ConnectionError, redis.TimeoutError) as err:
                 log.warning("worker %s: Redis unavailable (%s); retrying", self.id, err)
                 self.held.clear()  # leases and checkpoints are re-read when Redis is back
@@ -155,13 +157,21 @@ class Worker:
     def scan(self) -> None:
         """Renew held leases, drop lost ones, and lease models up to a fair share of the live workers."""
         self._scan_at = time.monotonic()
-        for ref, h in list(self.held.items()):
-            if not self.r.eval(RENEW_LUA, 1, self.keys.lease(h.tenant, h.name), h.token, self.ttl_ms):
-                self.held.pop(ref)
+        held = list(self.held.items())
+        pipe = self.r.pipeline(transaction=False)  # one round trip for every renewal and the discovery reads
+        for _, h in held:
+            pipe.eval(RENEW_LUA, 1, self.keys.lease(h.tenant, h.name), h.token, self.ttl_ms)
+        pipe.smembers(self.keys.models)
+        pipe.zcount(self.keys.workers, time.time() - 3 * self.s.heartbeat_seconds, "+inf")
+        sent = time.monotonic()
+        *renewed, members, live = pipe.execute()
+        for (ref, h), ok in zip(held, renewed):
+            if ok:
+                h.renewed_at = sent
             else:
-                h.renewed_at = time.monotonic()
-        refs = sorted(x.decode() for x in self.r.smembers(self.keys.models))
-        live = max(self.r.zcount(self.keys.workers, time.time() - 3 * self.s.heartbeat_seconds, "+inf"), 1)
+                self.held.pop(ref)
+        refs = sorted(x.decode() for x in members)
+        live = max(live, 1)
         share = math.ceil(len(refs) / live)
         while len(self.held) > share:  # rebalance towards workers that joined
             ref = sorted(self.held)[-1]
@@ -210,6 +220,9 @@ class Worker:
             h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
             h.detector = json.loads(ckpt[b"detector"])
             h.engine = ModelEngine.from_bytes(ckpt[b"state"], history_blocks=self.replay(h))
+            # a worker killed between a commit and its stream-posterior update left that update undone
+            state = self.scripts.stream_state(tenant=h.tenant, stream=h.stream, known=self._known(h))
+            self.update_stream_posterior(h, state, [])
         else:
             h.engine = ModelEngine(h.cfg["family"], h.cfg["params"], h.cfg["sampler"])
             h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
@@ -274,110 +287,90 @@ class Worker:
             BLOCK_SECONDS.observe(row["seconds"])
 
     def commit(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> None:
-        """Store checkpoint + cursor + trace rows + alerts + events in ONE fenced MULTI/EXEC.
+        """Store checkpoint + cursor + trace rows + histogram + alerts + events in ONE fenced Lua script
+        (``workers.commit.COMMIT_LUA``, one round trip); then, if the stream's common observation count
+        moved, the stream posterior (:meth:`update_stream_posterior`, a second round trip).
 
-        Raises LeaseLost when the lease no longer holds our token (nothing is written then).
+        Raises
+        ------
+        LeaseLost
+            The lease no longer holds our token.  Raised by the commit script, nothing was written; raised
+            by the stream-posterior update, the commit stands and the update is left to the next holder.
         """
-        eng, k, t = h.engine, self.keys, h.tenant
+        eng = h.engine
         ckpt = {
             "state": eng.to_bytes(include_history=False), "cursor": cursor, "chunks": seq,
             "observations": eng.observations, "log_evidence": repr(eng.log_evidence),
-            "detector": json.dumps(h.detector), "posterior": json.dumps(eng.posterior_summary()),
+            "detector": json.dumps(h.detector),
             "last_block": json.dumps(records.block_of(rows[-1])) if rows else "", "status": "ok", "error": "",
         }
-        lease, leader_key = k.lease(t, h.name), k.leader(t, h.stream)
-        while True:
-            with self.r.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(lease, leader_key)
-                    if pipe.get(lease) != h.token.encode():
-                        raise LeaseLost(h.name)
-                    compare = self.compare(h, eng.observations, rows) if rows else None
-                    stream_chunks = int(self.r.hget(k.meta(t, h.stream), "chunks") or 0)
-                    pipe.multi()
-                    pipe.hset(k.checkpoint(t, h.name), mapping=ckpt)
-                    channel = k.events(t, h.stream)
-                    if rows:
-                        pipe.zadd(k.trace(t, h.name), {json.dumps(r): r["first_index"] for r in rows})
-                        self._histogram(pipe, rows)
-                        for i, row in enumerate(rows):
-                            body = records.evidence_body(h.name, h.stream, {
-                                "chunks": seq if i == len(rows) - 1 else seq - 1,
-                                "observations": row["observations"], "log_evidence": row["log_evidence"],
-                                "last_block": json.dumps(records.block_of(row)), "status": "ok"}, stream_chunks)
-                            pipe.publish(channel, json.dumps({"type": "evidence", **body}))
-                    alerts = list(found)
-                    if compare is not None:
-                        posterior, leader_record, switch = compare
-                        pipe.set(leader_key, json.dumps(leader_record))
-                        if switch:
-                            alerts.append(switch)
-                        if posterior is not None:
-                            pipe.publish(channel, json.dumps({"type": "posterior", **posterior}))
-                    for a in alerts:
-                        a = {"id": secrets.token_hex(8), "observation_index": None, "detected_at_index": None,
-                             **a, "created_at": datetime.now(timezone.utc).isoformat()}
-                        pipe.zadd(k.alerts(t), {json.dumps(a): time.time() * 1000})
-                        pipe.hincrby(k.alerts_total, a["kind"], 1)
-                        pipe.publish(channel, json.dumps({"type": "alert", **a}))
-                    pipe.pexpire(lease, self.ttl_ms)
-                    pipe.execute()
-                except redis.WatchError:
-                    continue  # the lease or the stream's leader changed: re-check and retry
-            break
-        h.cursor, h.chunks, h.renewed_at = cursor, seq, time.monotonic()
+        events = []
+        for i, row in enumerate(rows):
+            chunks = seq if i == len(rows) - 1 else seq - 1
+            events.append((chunks, records.evidence_event_head(h.name, h.stream, {
+                "chunks": chunks, "observations": row["observations"], "log_evidence": row["log_evidence"],
+                "last_block": json.dumps(records.block_of(row)), "status": "ok"})))
+        sent = time.monotonic()
+        state = self.scripts.commit(
+            tenant=h.tenant, model=h.name, stream=h.stream, token=h.token, ttl_ms=self.ttl_ms, checkpoint=ckpt,
+            rows=rows, events=events, alerts=[_alert(a) for a in found], observations=eng.observations,
+            known=self._known(h) if rows else None)
+        h.cursor, h.chunks, h.renewed_at = cursor, seq, sent
         for a in found:
             ALERTS.labels(a["kind"]).inc()
+        self.update_stream_posterior(h, state, rows)
 
-    def compare(self, h: Held, observations: int, rows: list[dict]) -> tuple[dict | None, dict, dict | None]:
-        """Stream posterior after this commit: (event body if the common count grew, leader record, switch alert)."""
-        k, t = self.keys, h.tenant
-        names = sorted(m.decode() for m in self.r.smembers(k.stream_models(t, h.stream)))
-        # Model configs are immutable while a model exists: read each one once (prior probability).
-        # (A model deleted and re-created under the same name between two commits keeps its old prior
-        # here until the next worker restart; deleted names are pruned below.)
+    def _known(self, h: Held) -> list[str]:
+        """Models of the stream whose prior this worker has cached (the scripts skip reading their configs)."""
+        return sorted({m for (t, s, m) in self._priors if (t, s) == (h.tenant, h.stream)} | {h.name})
+
+    def update_stream_posterior(self, h: Held, state: StreamState | None, rows: list[dict]) -> None:
+        """Store the stream posterior of ``state`` (leader record, ``posterior`` event, ``model_switch`` alert)
+        with the fenced compare-and-set ``LEADER_LUA``; re-read and recompute while another worker moved the
+        leader record first.  ``rows``: this model's rows just committed (the commit script read the stream
+        before writing them).  Nothing to do when ``state`` is None.
+
+        Raises
+        ------
+        LeaseLost
+            The lease no longer holds our token (nothing written).
+        """
+        while state is not None:
+            posterior, record, switch = self.stream_posterior(h, state, rows)
+            if self.scripts.set_leader(tenant=h.tenant, model=h.name, stream=h.stream, token=h.token,
+                                       expected=state.leader_raw, record=record, posterior=posterior,
+                                       alert=_alert(switch) if switch is not None else None):
+                return
+            # another worker moved the leader record first: re-read
+            state = self.scripts.stream_state(tenant=h.tenant, stream=h.stream, known=self._known(h))
+
+    def stream_posterior(self, h: Held, state: StreamState, rows: list[dict]) -> tuple[dict | None, dict, dict | None]:
+        """Stream posterior at ``state.count``: (event body, or None if the count went down; leader record;
+        ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above)."""
+        t, count = h.tenant, state.count
+        # Model configs are immutable while a model exists: each prior is read once (a model deleted and
+        # re-created under the same name keeps its old prior here until the worker restarts).
+        names = {m for m, *_ in state.models}
         for key in [key for key in self._priors if key[:2] == (t, h.stream) and key[2] not in names]:
             del self._priors[key]
-        unknown = [m for m in names if (t, h.stream, m) not in self._priors]
-        pipe = self.r.pipeline(transaction=False)
-        for m in unknown:
-            pipe.get(k.model(t, m))
-        for m in names:
-            pipe.hmget(k.checkpoint(t, m), ["observations", "status"])
-        pipe.get(k.leader(t, h.stream))
-        got = pipe.execute()
-        for m, cfg in zip(unknown, got[: len(unknown)]):
-            if cfg is not None:
+        states, priors, lz = {}, {}, {}
+        for m, obs, status, row, cfg in state.models:
+            if cfg:
                 self._priors[(t, h.stream, m)] = json.loads(cfg)["prior_probability"]
-        states, priors = {}, {}
-        for m, (obs, st) in zip(names, got[len(unknown) : len(unknown) + len(names)]):
-            if (t, h.stream, m) in self._priors:
-                priors[m] = self._priors[(t, h.stream, m)]
-                states[m] = {"observations": int(obs or 0), "status": (st or b"").decode()}
-        states[h.name] = {"observations": observations, "status": "ok"}
-        priors[h.name] = h.cfg["prior_probability"]
-        previous = json.loads(got[-1]) if got[-1] else None
-        count = records.common_count(states)
-        if previous is not None and count == previous["observations"]:
-            return None, previous, None  # the common count did not move: nothing to recompute
+            priors[m] = h.cfg["prior_probability"] if m == h.name else self._priors[(t, h.stream, m)]
+            states[m] = {"observations": obs, "status": status}
+            if row and (found := records.trace_row_at([row], count)) is not None:
+                lz[m] = found["log_evidence"]
+        lz.update({h.name: r["log_evidence"] for r in rows if r["observations"] == count})
         active = [m for m in states if states[m]["status"] != "error"]
-        lz = {m: 0.0 for m in active}
-        if count > 0:
-            mine = [r for r in rows if r["observations"] == count]
-            pipe = self.r.pipeline(transaction=False)
-            others = [m for m in active if not (m == h.name and mine)]
-            for m in others:
-                pipe.zrevrangebyscore(k.trace(t, m), count - 1, "-inf", start=0, num=1)
-            lz = {m: row["log_evidence"] for m, r in zip(others, pipe.execute())
-                  if (row := records.trace_row_at(r, count)) is not None}
-            if mine:
-                lz[h.name] = mine[0]["log_evidence"]
+        if count == 0:
+            lz = {m: 0.0 for m in active}
         entries = [{"model": m, "prior_probability": priors[m], "log_evidence": lz[m]} for m in active if m in lz]
         posterior = records.stream_posterior(h.stream, count, entries)
-        new_leader = leader_of(posterior["models"])
-        record = {"model": new_leader, "observations": count}
-        if previous is not None and count <= previous["observations"]:
-            return None, (previous if count == previous["observations"] else record), None
+        record = {"model": leader_of(posterior["models"]), "observations": count}
+        previous = state.previous
+        if previous is not None and count < previous["observations"]:
+            return None, record, None  # a model joined the stream: the count went down
         switch = None
         if previous is not None and previous["model"] in states:
             switch = detector_lib.model_switch(previous["model"], posterior["models"])
@@ -385,14 +378,6 @@ class Worker:
                 switch.update(stream=h.stream, observation_index=previous["observations"],
                               detected_at_index=count - 1)
         return posterior, record, switch
-
-    def _histogram(self, pipe, rows: list[dict]) -> None:
-        for row in rows:
-            le = next((b for b in BLOCK_SECONDS_BUCKETS if row["seconds"] <= b), None)
-            if le is not None:
-                pipe.hincrby(self.keys.block_seconds, str(le), 1)
-            pipe.hincrby(self.keys.block_seconds, "count", 1)
-            pipe.hincrbyfloat(self.keys.block_seconds, "sum", row["seconds"])
 
     def record_error(self, h: Held, err: Exception) -> None:
         """Mark the model as failed (status "error" + message), publish it, release the lease."""
@@ -416,6 +401,12 @@ class Worker:
                 pipe.execute()
             except redis.WatchError:
                 pass
+
+
+def _alert(a: dict[str, Any]) -> dict[str, Any]:
+    """An alert record (API.md "Alerts") from a detector's body: id, default indices, creation time."""
+    return {"id": secrets.token_hex(8), "observation_index": None, "detected_at_index": None, **a,
+            "created_at": datetime.now(timezone.utc).isoformat()}
 
 
 def _entry_id(entry: bytes) -> tuple[int, int]:

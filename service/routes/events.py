@@ -11,7 +11,8 @@ from fastapi import APIRouter, HTTPException, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from service.deps import SettingsDep, get_keys, websocket_tenant
+from service.deps import SettingsDep, websocket_tenant
+from service.keys import Keys
 from service.routes.chunks import accept_chunk
 from service.schemas import NAME_PATTERN, ChunkIn
 
@@ -29,7 +30,7 @@ async def stream_events(websocket: WebSocket, stream: str, settings: SettingsDep
     if tenant is None:
         await websocket.send_denial_response(JSONResponse({"detail": "missing or invalid API key"}, 401))
         return
-    r, keys = websocket.app.state.redis, get_keys(settings)
+    r, keys = websocket.app.state.redis, Keys(settings.key_prefix)
     if not re.match(NAME_PATTERN, stream) or not await r.exists(keys.meta(tenant, stream)):
         await websocket.send_denial_response(JSONResponse({"detail": f"stream {stream!r} not found"}, 404))
         return

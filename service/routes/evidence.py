@@ -6,10 +6,13 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.concurrency import run_in_threadpool
+from redis.client import NEVER_DECODE
 
 from service import store
 from service.deps import KeysDep, RedisDep, TenantDep
 from service.schemas import Evidence, Name, Posterior, StreamPosterior, Trace
+from workers.engine import posterior_summary_from_bytes
 
 router = APIRouter(prefix="/v1", tags=["evidence"])
 
@@ -34,12 +37,13 @@ async def get_trace(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep,
 @router.get("/models/{model}/posterior", response_model=Posterior,
             responses={409: {"description": "not yet initialised by a worker"}})
 async def get_posterior(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
-    """Posterior summary of every constrained parameter (weighted mean, std, 5%/95% quantiles)."""
+    """Posterior summary of every constrained parameter (weighted mean, std, 5%/95% quantiles), computed
+    from the model's checkpoint when asked (the worker does not compute it for every chunk)."""
     await store.get_model(r, keys, tenant, model)
-    raw = await r.hget(keys.checkpoint(tenant, model), "posterior")
-    if raw is None:
+    state = await r.execute_command("HGET", keys.checkpoint(tenant, model), "state", **{NEVER_DECODE: True})
+    if state is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"model {model!r} has not been picked up by a worker yet")
-    return json.loads(raw)
+    return await run_in_threadpool(posterior_summary_from_bytes, state)
 
 
 @router.get("/streams/{stream}/posterior", response_model=StreamPosterior)

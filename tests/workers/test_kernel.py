@@ -9,7 +9,7 @@ import torch
 
 from models import make_family
 from workers import sgais
-from workers.engine import ModelEngine
+from workers.engine import ModelEngine, posterior_summary_from_bytes
 from workers.ess import conditional_ess, ess, solve_increment
 from workers.resampling import systematic_resample
 from workers.settings import SamplerSettings
@@ -204,6 +204,14 @@ def test_restore_without_history_needs_the_stream() -> None:
     e.update(x, y)
     with pytest.raises(ValueError, match="history"):
         ModelEngine.from_bytes(e.to_bytes(include_history=False))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_posterior_summary_from_a_checkpoint_equals_the_engines(dtype: str) -> None:
+    x, y = linear_data(300)
+    e = ModelEngine("gmm", {"dim": 1, "components": 2}, {**SMALL, "dtype": dtype})  # constrained parameters
+    e.update(None, y)
+    assert posterior_summary_from_bytes(e.to_bytes(include_history=False)) == e.posterior_summary()
 
 
 def test_analytic_gradients_match_autograd() -> None:

@@ -1,0 +1,125 @@
+"""The worker's fenced commit scripts (workers/commit.py) against a real Redis, driven step by step:
+fencing, the stream posterior and its events, a model_switch alert, and an interrupted update."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.keys import Keys
+from tests.conftest import SMALL_MODEL
+from tests.integration.helpers import linear_chunks
+from workers.commit import Scripts
+from workers.runner import LeaseLost, Worker
+
+# "b" has 100x the prior weight but a noise std 5x too large: it leads at 0 observations, "a" after 300.
+MODELS = {
+    "a": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "block_size": 300}},
+    "b": {**SMALL_MODEL, "params": {"features": 2, "noise_std": 5.0},
+          "sampler": {**SMALL_MODEL["sampler"], "block_size": 300, "seed": 4}, "prior_probability": 100.0},
+}
+
+
+@pytest.fixture
+def api(settings):
+    with TestClient(create_app(settings, workers=0)) as c:
+        for name, model in MODELS.items():
+            assert c.post("/v1/models", json={"name": name, "stream": "s", **model}).status_code == 201
+        yield c
+
+
+@pytest.fixture
+def r(settings):
+    client = redis.Redis.from_url(settings.redis_url)
+    yield client
+    client.close()
+
+
+def run_until_idle(worker: Worker) -> None:
+    worker.heartbeat()
+    worker.scan()
+    while worker.step():
+        pass
+
+
+def tenant_dump(r: redis.Redis, settings) -> dict[bytes, bytes]:
+    """Every key of the tenant and the metrics hashes (not the worker heartbeat keys)."""
+    keys = sorted(r.scan_iter(match=f"{settings.key_prefix}:default:*", count=1000))
+    keys += [k.encode() for k in (Keys(settings.key_prefix).alerts_total, Keys(settings.key_prefix).block_seconds)]
+    return {k: r.dump(k) for k in keys}
+
+
+def test_commit_after_the_lease_was_lost_writes_nothing(api, settings, r):
+    worker = Worker(settings)
+    run_until_idle(worker)
+    assert set(worker.held) == {"default/a", "default/b"}
+    assert api.post("/v1/streams/s/chunks", json=linear_chunks(1, 300)[0]).status_code == 202
+    r.set(Keys(settings.key_prefix).lease("default", "a"), "another-worker")  # the lease was taken over
+    before = tenant_dump(r, settings)
+    with pytest.raises(LeaseLost):
+        worker.advance(worker.held["default/a"])
+    assert tenant_dump(r, settings) == before
+
+
+def test_stream_posterior_events_and_model_switch(api, settings, r):
+    chunks = linear_chunks(2, 300, seed=8)
+    for c in chunks:
+        assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
+    pubsub = r.pubsub()
+    pubsub.subscribe(Keys(settings.key_prefix).events("default", "s"))
+    pubsub.get_message(timeout=5)  # the subscription confirmation
+    run_until_idle(Worker(settings))
+    events = []
+    while (msg := pubsub.get_message(timeout=1)) is not None:
+        events.append(json.loads(msg["data"]))
+    pubsub.close()
+
+    evidence = sorted(((e["model"], e["chunks_processed"], e["chunks_pending"]) for e in events
+                       if e["type"] == "evidence"))
+    assert evidence == [("a", 1, 1), ("a", 2, 0), ("b", 1, 1), ("b", 2, 0)]
+    posteriors = [e for e in events if e["type"] == "posterior"]
+    assert [p["observations"] for p in posteriors] == [0, 300, 600]  # one event per move of the common count
+    final = api.get("/v1/streams/s/posterior").json()
+    assert {k: posteriors[-1][k] for k in final} == final
+    switches = [e for e in events if e["type"] == "alert" and e["kind"] == "model_switch"]
+    assert len(switches) == 1
+    assert {k: switches[0][k] for k in ("stream", "model", "observation_index", "detected_at_index")} == {
+        "stream": "s", "model": "a", "observation_index": 0, "detected_at_index": 299}
+    stored = api.get("/v1/alerts", params={"kind": "model_switch"}).json()["items"]
+    assert [a["id"] for a in stored] == [switches[0]["id"]]
+    leader = json.loads(r.get(Keys(settings.key_prefix).leader("default", "s")))
+    assert leader == {"model": "a", "observations": 600}
+
+
+def test_next_holder_completes_an_interrupted_stream_posterior_update(api, settings, r, monkeypatch):
+    chunks = linear_chunks(2, 300, seed=9)
+    for c in chunks:
+        assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
+    first = Worker(settings)
+    # the worker dies after each commit, before its stream-posterior update
+    monkeypatch.setattr(first, "update_stream_posterior", lambda *args: None)
+    run_until_idle(first)
+    leader_key = Keys(settings.key_prefix).leader("default", "s")
+    assert r.get(leader_key) is None and api.get("/v1/models/b/evidence").json()["chunks_processed"] == 2
+    for name in MODELS:  # its leases expire
+        r.delete(Keys(settings.key_prefix).lease("default", name))
+    run_until_idle(Worker(settings))  # restores the models from their checkpoints
+    assert json.loads(r.get(leader_key)) == {"model": "a", "observations": 600}
+
+
+def test_commit_script_stores_a_chunk_of_many_blocks(settings, r):
+    # a chunk of 20,000 one-observation blocks (block_size 1) is 20,000 trace rows in one commit
+    keys, n = Keys(settings.key_prefix), 20_000
+    r.set(keys.lease("default", "m"), "token")
+    rows = [{"seq": 1, "first_index": i, "block_observations": 1, "observations": i + 1, "log_predictive": -1.0,
+             "log_evidence": -1.0 - i, "annealing_steps": 1, "ess": 10.0, "resampled": False,
+             "guard_tripped": False, "seconds": 0.001} for i in range(n)]
+    Scripts(r, keys).commit(tenant="default", model="m", stream="s", token="token", ttl_ms=1000,
+                            checkpoint={"chunks": 1, "observations": n}, rows=rows, events=[], alerts=[],
+                            observations=n, known=None)
+    assert r.zcard(keys.trace("default", "m")) == n
+    assert int(r.hget(keys.block_seconds, "count")) == n
