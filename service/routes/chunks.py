@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import Counter
+from pydantic import ValidationError
 
 from models import Family, ObservationError, make_family
 from service import records, store
@@ -33,6 +35,26 @@ def observation_422(err: ObservationError) -> HTTPException:
     loc: list[Any] = ["body", err.field] + ([err.row] if err.row is not None else [])
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                          [{"loc": loc, "msg": str(err), "type": "observation_error"}])
+
+
+async def chunk_body(request: Request) -> ChunkIn:
+    """The request body parsed and validated as :class:`ChunkIn` by pydantic's JSON parser.
+
+    FastAPI's own body handling runs ``json.loads`` first (1.6 ms for a 500 x 5 chunk on this
+    machine, against 0.3 ms for ``model_validate_json``: ``bench/README.md``, "Service overhead").
+    Errors keep FastAPI's 422 shape, ``loc`` starting with ``"body"``.
+    """
+    raw = await request.body()
+    try:
+        return ChunkIn.model_validate_json(raw)
+    except ValidationError as err:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)], body=raw) from None
+
+
+ChunkBody = Annotated[ChunkIn, Depends(chunk_body)]
+_chunk_openapi = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": ChunkIn.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
 
 
 async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: str, body: ChunkIn) -> dict[str, Any]:
@@ -64,8 +86,9 @@ _responses = {404: {"description": "unknown stream or model"}, 409: {"descriptio
               413: {"description": "body or chunk too large"}, 422: {"description": "invalid observations"}}
 
 
-@router.post("/streams/{stream}/chunks", response_model=ChunkAck, status_code=202, responses=_responses)
-async def post_stream_chunk(stream: Name, body: ChunkIn, r: RedisDep, keys: KeysDep, settings: SettingsDep,
+@router.post("/streams/{stream}/chunks", response_model=ChunkAck, status_code=202, responses=_responses,
+             openapi_extra=_chunk_openapi)
+async def post_stream_chunk(stream: Name, body: ChunkBody, r: RedisDep, keys: KeysDep, settings: SettingsDep,
                             tenant: TenantDep, response: Response) -> dict[str, Any]:
     """Append a chunk to a stream (202); an identical replay of an accepted ``seq`` is 200 with duplicate=true."""
     ack = await accept_chunk(r, keys, settings, tenant, stream, body)
@@ -74,8 +97,9 @@ async def post_stream_chunk(stream: Name, body: ChunkIn, r: RedisDep, keys: Keys
     return ack
 
 
-@router.post("/models/{model}/chunks", response_model=ChunkAck, status_code=202, responses=_responses)
-async def post_model_chunk(model: Name, body: ChunkIn, r: RedisDep, keys: KeysDep, settings: SettingsDep,
+@router.post("/models/{model}/chunks", response_model=ChunkAck, status_code=202, responses=_responses,
+             openapi_extra=_chunk_openapi)
+async def post_model_chunk(model: Name, body: ChunkBody, r: RedisDep, keys: KeysDep, settings: SettingsDep,
                            tenant: TenantDep, response: Response) -> dict[str, Any]:
     """Append a chunk to the model's stream."""
     cfg = await store.get_model(r, keys, tenant, model)
