@@ -52,15 +52,15 @@ def make_data(scale: float, seed: int) -> tuple[torch.Tensor, list[int]]:
     return torch.cat(parts), changes[:-1]
 
 
-def run(y: torch.Tensor, components: int, block: int, seed: int) -> dict:
+def run(y: torch.Tensor, components: int, block: int, seed: int, sampler: dict | None = None) -> dict:
     eng = ModelEngine("gmm", {"dim": 1, "components": components, "mean_scale": 16.0},
-                      {"block_size": block, "seed": seed})
+                      {"block_size": block, "seed": seed, **(sampler or {})})
     state, found, trace = alerts.initial_state(), [], []
     settings = alerts.AlertSettings()
     t0 = time.perf_counter()
     for b, info in enumerate(eng.update(None, y.tolist())):
         row = {"first_index": b * block, "observations": info.observations, "log_predictive": info.log_predictive,
-               "annealing_steps": info.annealing_steps, "ess": info.ess}
+               "annealing_steps": info.annealing_steps, "ess": info.ess, "reannealed": info.reannealed}
         state, new = alerts.detect(state, settings, row)
         found += new
         trace.append({**row, "log_evidence": info.log_evidence})
@@ -72,10 +72,12 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the thesis's data sizes")
     ap.add_argument("--block", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampler", default="{}", help="SGAIS settings overrides as JSON, e.g. '{\"reanneal_steps\": null}'")
+    ap.add_argument("--tag", default="", help="suffix of the saved result file")
     ap.add_argument("--rescore", action="store_true", help="re-run only the detector on the saved traces")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    saved = OUT / f"thesis_changepoint_{args.scale}_{args.seed}.json"
+    saved = OUT / f"thesis_changepoint_{args.scale}_{args.seed}{args.tag}.json"
     if args.rescore:
         res = json.loads(saved.read_text())
         res = {"changes": res["changes"], **{o: {int(k): v for k, v in res[o].items()} for o in ("in_order", "shuffled")}}
@@ -92,11 +94,13 @@ def main() -> None:
     res: dict = {"changes": changes, "in_order": {}, "shuffled": {}}
     for order, data in (("in_order", y), ("shuffled", y[perm])):
         for k in (3, 5, 7):
-            r = run(data, k, args.block, args.seed)
+            r = run(data, k, args.block, args.seed, json.loads(args.sampler))
             res[order][k] = r
             kinds = [(a["kind"], a["observation_index"]) for a in r["alerts"]]
             print(f"{order:9s} gmm-{k}: log Z = {r['log_evidence']:.1f} ({r['seconds']:.0f} s); "
-                  f"max annealing steps {max(t['annealing_steps'] for t in r['trace'])}; alerts {kinds}", flush=True)
+                  f"max annealing steps {max(t['annealing_steps'] for t in r['trace'])}; "
+                  f"re-annealed at {[t['first_index'] + t['observations'] for t in r['trace'] if t.get('reannealed')]}; "
+                  f"alerts {kinds}", flush=True)
     OUT.mkdir(exist_ok=True)
     saved.write_text(json.dumps(res))
     report(res, args.block)

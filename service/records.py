@@ -67,6 +67,7 @@ def block_of(row: dict[str, Any]) -> dict[str, Any]:
     """A trace row -> the ``last_block`` body (``observations`` = stream values in the block)."""
     out = {k: row[k] for k in ("seq", "first_index", "log_predictive", "annealing_steps", "ess", "resampled",
                                "seconds", "guard_tripped")}
+    out["reannealed"] = row.get("reannealed", False)
     out["observations"] = row["block_observations"]
     return out
 

@@ -115,6 +115,7 @@ class ModelEngine:
             "sampler": self.settings.model_dump(),
             "observations": self.observations,
             "n_anchor": s.n_anchor,
+            "n_reanneal": s.n_reanneal,
             "blocks": s.blocks,
             "history_seen": s.history.seen,
             "history_included": include_history,
@@ -165,7 +166,7 @@ class ModelEngine:
             theta=t["theta"], log_w=t["log_w"], velocity=t["velocity"], anchor=t["anchor"],
             anchor_grad=t["anchor_grad"], n_anchor=header["n_anchor"], posterior_var=t["posterior_var"],
             history=history,
-            context=t.get("context"), blocks=header["blocks"],
+            context=t.get("context"), blocks=header["blocks"], n_reanneal=header.get("n_reanneal", 0),
         )
         return eng
 

@@ -274,7 +274,8 @@ class Worker:
                 "seq": seq, "first_index": first + start, "block_observations": int(yb.shape[0]),
                 "observations": first + start + int(yb.shape[0]), "log_predictive": info.log_predictive,
                 "log_evidence": info.log_evidence, "annealing_steps": info.annealing_steps, "ess": info.ess,
-                "resampled": info.resampled, "guard_tripped": info.guard_tripped, "seconds": seconds,
+                "resampled": info.resampled, "guard_tripped": info.guard_tripped,
+                "reannealed": info.reannealed, "seconds": seconds,
             }
             rows.append(row)
             h.detector, new = detector_lib.detect(h.detector, settings, {

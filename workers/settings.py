@@ -52,6 +52,15 @@ class SamplerSettings(BaseModel):
     control_variates: bool = Field(True, description="mini-batch gradients with control variates around per-particle anchors")
     anchor_growth: float = Field(2.0, gt=1, le=1000, description="re-anchor when the history has grown by this factor")
     history_capacity: int | None = Field(None, ge=1, description="reservoir size for the mini-batch history; null keeps everything")
+    reanneal_steps: int | None = Field(
+        12, ge=2, le=1_000_000,
+        description="re-anneal from the prior over the whole history (in a random order) after a block that needed "
+                    "at least this many annealing steps, and merge the two particle populations; null = never "
+                    "(bench/README.md, 'Re-annealing after change points')")
+    reanneal_growth: float = Field(
+        2.0, gt=1, le=1000,
+        description="re-anneal at most once per this factor of history growth (bounds the amortised cost at "
+                    "growth/(growth-1) passes over the data)")
     seed: int = Field(0, ge=0, lt=2**63, description="seed of the model's torch.Generator (checkpointed with the state)")
     dtype: Literal["float32", "float64"] = Field("float64", description="particle dtype; log-weights are always float64")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="torch device; auto = cuda when available (the service default comes from SGAIS_DEVICE)")

@@ -52,6 +52,7 @@ class SGAISState(NamedTuple):
     history : the observations absorbed so far (shared, append-only).
     context : [p] last stream values for families with ``context_size`` > 0, else None.
     blocks : number of blocks absorbed.
+    n_reanneal : history size at the last re-annealing (0 = never; :func:`reanneal`).
     """
 
     theta: torch.Tensor
@@ -64,6 +65,7 @@ class SGAISState(NamedTuple):
     history: History
     context: torch.Tensor | None
     blocks: int
+    n_reanneal: int = 0
 
     @property
     def n(self) -> int:
@@ -86,6 +88,7 @@ class BlockInfo(NamedTuple):
     ess: float  # ESS of the full weights after the block, in particles
     resampled: bool  # resampled at least once in this block
     guard_tripped: bool  # max_annealing_steps reached; the rest of the block was taken in one increment
+    reannealed: bool = False  # the population was merged with a re-annealing over the history (reanneal)
 
 
 #: Unconstrained coordinates beyond this magnitude mean the SGHMC moves have diverged.
@@ -200,7 +203,40 @@ def absorb_block(
         return state._replace(context=context, blocks=state.blocks + 1), BlockInfo(
             0, 0.0, log_z_prev, 0, float(ess(state.log_w)), False, False
         )
+    n_prev = state.history.seen  # before _anneal_block appends to the shared history
+    new_state, steps, resampled, guard_tripped = _anneal_block(
+        generator, state, family=family, settings=settings, x=x, y=y)
+    new_state = new_state._replace(context=context)
+    history = new_state.history
+    reannealed = (
+        settings.reanneal_steps is not None
+        and steps >= settings.reanneal_steps
+        and n_prev > 0  # not the first block: it starts from the prior anyway
+        and history.size == history.seen  # the whole history is held (no reservoir)
+        and history.seen >= settings.reanneal_growth * new_state.n_reanneal
+    )
+    if reannealed:
+        new_state = reanneal(generator, new_state, family=family, settings=settings)
+    log_z = new_state.log_evidence
+    return new_state, BlockInfo(
+        observations=B,
+        log_predictive=log_z - log_z_prev,
+        log_evidence=log_z,
+        annealing_steps=steps,
+        ess=float(ess(new_state.log_w)),
+        resampled=resampled,
+        guard_tripped=guard_tripped,
+        reannealed=reannealed,
+    )
 
+
+def _anneal_block(
+    generator: torch.Generator, state: SGAISState, *, family: Family, settings: SamplerSettings,
+    x: torch.Tensor | None, y: torch.Tensor,
+) -> tuple[SGAISState, int, bool, bool]:
+    """Alg. 8, lines 4–15, on prepared rows ``(x, y)`` (``B >= 1``): the new state (context
+    unchanged), the number of annealing steps, whether it resampled, whether the guard tripped."""
+    B = y.shape[0]
     history = state.history
     n_prev = history.seen
     if state.theta.shape[0] > settings.particles and n_prev >= settings.warmup_observations:
@@ -304,7 +340,7 @@ def absorb_block(
         # Keep G_i = Σ_{y∈H} ∇ log p(y|a_i) exact as the block joins the history.
         anchor_grad = anchor_grad + history_gradient(family, anchor, x, y)
     history.append(x, y)
-    new_state = SGAISState(
+    new_state = state._replace(
         theta=theta,
         log_w=log_w,
         velocity=velocity,
@@ -313,16 +349,77 @@ def absorb_block(
         n_anchor=n_anchor,
         posterior_var=posterior_var,
         history=history,
-        context=context,
         blocks=state.blocks + 1,
     )
-    log_z = new_state.log_evidence
-    return new_state, BlockInfo(
-        observations=B,
-        log_predictive=log_z - log_z_prev,
-        log_evidence=log_z,
-        annealing_steps=steps,
-        ess=float(ess(log_w)),
-        resampled=resampled,
-        guard_tripped=guard_tripped,
+    return new_state, steps, resampled, guard_tripped
+
+
+def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
+             settings: SamplerSettings) -> SGAISState:
+    """Run SGAIS afresh from the prior over the whole history in a random order and merge it
+    with the current population: the remedy for particles left in stale modes after a change point.
+
+    After a change the posterior moves far within one block (many annealing steps) and local SGHMC
+    moves rarely carry particles into modes that only the new data support (thesis §5.1.5: the
+    in-order estimate then drifts below the shuffled one).  A second run over the same ``n`` rows in
+    a random order sees the data as stationary and finds those modes.  Both runs are properly
+    weighted samples of ``p(θ) p(y_{1:n}|θ)``; their union, each population's weights rescaled so
+    that the union's mean weight is ``(Ẑ_A + Ẑ_B) / 2``, is properly weighted too (the average of
+    two unbiased evidence estimates is unbiased; thesis eq. 4.6 for each), and systematic
+    resampling back to ``M`` particles keeps that mean (as in :func:`reduce_particles`).  A
+    population stuck in a poor mode has a much smaller ``Ẑ`` and contributes no survivors.
+
+    ``state`` must hold its whole history (no reservoir).  Cost: one SGAIS pass over ``n`` rows;
+    :class:`SamplerSettings` ``reanneal_growth`` limits how often it runs.  The anchors are reset
+    at the merged particles with exact history gradients (one more pass).
+
+    Raises NumericalError as :func:`absorb_block` does.
+    """
+    history = state.history
+    n = history.seen
+    hx, hy = history.all_rows()
+    order = torch.randperm(n, generator=generator, device=generator.device).to(hy.device)
+    hx = hx[order] if hx is not None else None
+    hy = hy[order]
+    replay_settings = settings.model_copy(update={"reanneal_steps": None})
+    fresh = init(generator, family, replay_settings)
+    size = settings.block_size
+    for start in range(0, n, size):
+        fresh, *_ = _anneal_block(generator, fresh, family=family, settings=replay_settings,
+                                  x=hx[start:start + size] if hx is not None else None, y=hy[start:start + size])
+
+    theta, velocity, log_w = merge_populations(
+        generator, (state.theta, state.velocity, state.log_w), (fresh.theta, fresh.velocity, fresh.log_w))
+    hx_all, hy_all = history.all_rows()
+    return state._replace(
+        theta=theta,
+        velocity=velocity,
+        log_w=log_w,
+        anchor=theta.clone(),
+        anchor_grad=history_gradient(family, theta, hx_all, hy_all),
+        n_anchor=n,
+        posterior_var=weighted_variance(theta, log_w, floor=torch.minimum(state.posterior_var, fresh.posterior_var) / 4),
+        n_reanneal=n,
     )
+
+
+def merge_populations(
+    generator: torch.Generator,
+    a: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge two weighted populations of the same target into ``M_a`` particles.
+
+    ``a = (theta: [M_a, D], velocity: [M_a, D], log_w: [M_a])``, ``b`` likewise with ``M_b``; each
+    ``log_w`` on the evidence scale (``Ẑ = mean(exp(log_w))``, thesis eq. 4.6).  Every weight of
+    ``a`` is multiplied by ``(M_a + M_b) / (2 M_a)`` and every weight of ``b`` by
+    ``(M_a + M_b) / (2 M_b)``, so the union's mean weight is ``(Ẑ_a + Ẑ_b) / 2``; ``M_a`` ancestors
+    are then drawn systematically and every log-weight set to the log of that mean.  Returns
+    ``(theta, velocity, log_w)`` of ``M_a`` particles with uniform log-weights.
+    """
+    (theta_a, vel_a, lw_a), (theta_b, vel_b, lw_b) = a, b
+    M_a, M_b = theta_a.shape[0], theta_b.shape[0]
+    log_w = torch.cat([lw_a + math.log((M_a + M_b) / (2 * M_a)), lw_b + math.log((M_a + M_b) / (2 * M_b))])
+    idx = systematic_resample(generator, log_w, M_a)
+    log_mean = torch.logsumexp(log_w, 0) - math.log(M_a + M_b)
+    return (torch.cat([theta_a, theta_b])[idx], torch.cat([vel_a, vel_b])[idx], log_mean.expand(M_a).clone())

@@ -20,7 +20,7 @@ def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) ->
 
 
 COMPARED = ("seq", "first_index", "observations", "block_observations", "log_predictive", "log_evidence",
-            "annealing_steps", "ess", "resampled", "guard_tripped")
+            "annealing_steps", "ess", "resampled", "guard_tripped", "reannealed")
 
 
 def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
@@ -37,7 +37,8 @@ def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
             rows.append({"seq": chunk["seq"], "first_index": first + start, "observations": first + start + b,
                          "block_observations": b, "log_predictive": info.log_predictive,
                          "log_evidence": info.log_evidence, "annealing_steps": info.annealing_steps,
-                         "ess": info.ess, "resampled": info.resampled, "guard_tripped": info.guard_tripped})
+                         "ess": info.ess, "resampled": info.resampled, "guard_tripped": info.guard_tripped,
+                         "reannealed": info.reannealed})
         first += y.shape[0]
     return rows
 

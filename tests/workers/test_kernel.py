@@ -180,6 +180,8 @@ def test_same_seed_gives_the_same_bits() -> None:
         (SMALL, False),
         ({**SMALL, "history_capacity": 250}, False),
         ({**SMALL, "control_variates": False, "resample_threshold": 0.0}, True),
+        ({**SMALL, "reanneal_steps": 2, "reanneal_growth": 1.5}, True),
+        ({**SMALL, "reanneal_steps": 2, "reanneal_growth": 1.5}, False),
     ],
 )
 def test_resume_is_bit_identical(sampler, include_history: bool) -> None:
@@ -194,6 +196,8 @@ def test_resume_is_bit_identical(sampler, include_history: bool) -> None:
     restored = ModelEngine.from_bytes(blob, history_blocks=None if include_history else history)
     got += _run(restored, x, y, CHUNKS[3:])
     assert got == expected
+    if sampler.get("reanneal_steps"):  # re-annealings happen on both sides of the checkpoint
+        assert any(i.reannealed for i in expected[:3]) and any(i.reannealed for i in expected[3:])
     assert torch.equal(restored.state.theta, straight.state.theta)
     assert torch.equal(restored.generator.get_state(), straight.generator.get_state())
 
@@ -240,6 +244,51 @@ def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
     assert reduced.log_evidence == pytest.approx(state.log_evidence, abs=1e-12)
     _, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x[10:], y=y[10:])
     assert info.ess <= 4
+
+
+# ----- re-annealing after a change point ---------------------------------------------------------
+
+
+def test_merged_population_averages_the_two_evidence_estimates() -> None:
+    """(Ẑ_a + Ẑ_b)/2 exactly, for unequal population sizes; a population whose Ẑ is e^-200 times
+    the other's leaves no survivor (systematic resampling gives floor/ceil of M·W_i copies)."""
+    g = torch.Generator().manual_seed(3)
+    a = (torch.zeros(6, 2, dtype=torch.float64), torch.zeros(6, 2, dtype=torch.float64),
+         torch.randn(6, generator=g, dtype=torch.float64) - 50.0)
+    b = (torch.ones(9, 2, dtype=torch.float64), torch.ones(9, 2, dtype=torch.float64),
+         torch.randn(9, generator=g, dtype=torch.float64) - 49.0)
+    theta, velocity, log_w = sgais.merge_populations(g, a, b)
+    z = [float(torch.logsumexp(p[2], 0)) - math.log(p[2].shape[0]) for p in (a, b)]
+    assert theta.shape == (6, 2) and velocity.shape == (6, 2)
+    assert torch.all(log_w == log_w[0])
+    expected = max(z) + math.log1p(math.exp(min(z) - max(z))) - math.log(2)
+    assert float(log_w[0]) == pytest.approx(expected, abs=1e-12)
+    stuck = (a[0], a[1], a[2] - 200.0)
+    theta, _, _ = sgais.merge_populations(g, stuck, b)
+    assert torch.all(theta == 1.0)
+
+
+def test_a_block_with_many_annealing_steps_triggers_a_reannealing_at_most_once_per_doubling() -> None:
+    """reanneal_steps=2 makes every block after the first eligible; reanneal_growth=2 lets the
+    re-annealings happen only when the history has doubled since the last one."""
+    x, y = linear_data(1600)
+    e = ModelEngine("linear_regression", {"features": 3},
+                    {**SMALL, "warmup_particles": None, "reanneal_steps": 2, "reanneal_growth": 2.0})
+    infos = e.update(x, y)
+    seen = [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed]
+    assert all(info.annealing_steps >= 2 for info in infos if info.reannealed)
+    assert seen and all(b >= 2 * a for a, b in zip(seen, seen[1:]))
+    assert e.state.n_reanneal == seen[-1]
+    assert not infos[0].reannealed
+    off = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": None})
+    assert not any(i.reannealed for i in off.update(x, y))
+
+
+def test_no_reannealing_over_a_reservoir() -> None:
+    """A reservoir holds a subsample: re-annealing over it would target the wrong posterior."""
+    x, y = linear_data(600)
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "history_capacity": 250, "reanneal_steps": 2})
+    assert not any(i.reannealed for i in e.update(x, y)[3:])
 
 
 def test_fisher_diagonal_matches_per_observation_gradients() -> None:
