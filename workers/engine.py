@@ -9,6 +9,7 @@ whole state to bytes (safetensors for tensors, a JSON header in its metadata).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Iterable
 
 import torch
@@ -48,10 +49,12 @@ class ModelEngine:
             self.state = sgais.init(self.generator, self.family, self.settings)
 
     # ----- updating --------------------------------------------------------------------------
-    def update(self, x: Any, y: Any, *, validated: bool = False) -> list[sgais.BlockInfo]:
+    def update(self, x: Any, y: Any, *, validated: bool = False,
+               heartbeat: Callable[[], None] | None = None) -> list[sgais.BlockInfo]:
         """Absorb a chunk, split into blocks of ``block_size``; one BlockInfo per block.
 
-        ``x``/``y`` are validated by the family unless ``validated``.
+        ``x``/``y`` are validated by the family unless ``validated``; ``heartbeat`` is called
+        during long re-annealings (``sgais.absorb_block``).
 
         Raises
         ------
@@ -68,7 +71,8 @@ class ModelEngine:
             xb = x[start : start + size] if x is not None else None
             yb = y[start : start + size]
             self.state, info = sgais.absorb_block(
-                self.generator, self.state, family=self.family, settings=self.settings, x=xb, y=yb
+                self.generator, self.state, family=self.family, settings=self.settings, x=xb, y=yb,
+                heartbeat=heartbeat,
             )
             self.observations += yb.shape[0]
             infos.append(info)

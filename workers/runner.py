@@ -268,7 +268,7 @@ class Worker:
             self.renew_if_due(h)
             xb, yb = (x[start:start + size] if x is not None else None), y[start:start + size]
             t0 = time.perf_counter()
-            (info,) = h.engine.update(xb, yb, validated=True)
+            (info,) = h.engine.update(xb, yb, validated=True, heartbeat=lambda: self.renew_if_due(h))
             seconds = time.perf_counter() - t0
             row = {
                 "seq": seq, "first_index": first + start, "block_observations": int(yb.shape[0]),

@@ -21,6 +21,7 @@ special treatment.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -182,10 +183,14 @@ def absorb_block(
     settings: SamplerSettings,
     x: torch.Tensor | None,
     y: torch.Tensor,
+    heartbeat: Callable[[], None] | None = None,
 ) -> tuple[SGAISState, BlockInfo]:
     """Absorb one validated block ``(x: [B, d] | None, y: [B, ...])``.
 
-    Returns the new state and the block's :class:`BlockInfo`.
+    Returns the new state and the block's :class:`BlockInfo`.  ``heartbeat`` is called between
+    the blocks of a re-annealing (:func:`reanneal`), which can take as long as the history took
+    (a worker renews its lease there).  If it raises, the exception propagates and the shared
+    history already holds the block: discard the state (the runner reloads the checkpoint).
 
     Raises
     ------
@@ -216,7 +221,7 @@ def absorb_block(
         and history.seen >= settings.reanneal_growth * new_state.n_reanneal
     )
     if reannealed:
-        new_state = reanneal(generator, new_state, family=family, settings=settings)
+        new_state = reanneal(generator, new_state, family=family, settings=settings, heartbeat=heartbeat)
     log_z = new_state.log_evidence
     return new_state, BlockInfo(
         observations=B,
@@ -355,7 +360,7 @@ def _anneal_block(
 
 
 def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
-             settings: SamplerSettings) -> SGAISState:
+             settings: SamplerSettings, heartbeat: Callable[[], None] | None = None) -> SGAISState:
     """Run SGAIS afresh from the prior over the whole history in a random order and merge it
     with the current population: the remedy for particles left in stale modes after a change point.
 
@@ -385,6 +390,8 @@ def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
     fresh = init(generator, family, replay_settings)
     size = settings.block_size
     for start in range(0, n, size):
+        if heartbeat is not None:
+            heartbeat()
         fresh, *_ = _anneal_block(generator, fresh, family=family, settings=replay_settings,
                                   x=hx[start:start + size] if hx is not None else None, y=hy[start:start + size])
 

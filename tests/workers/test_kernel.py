@@ -284,6 +284,17 @@ def test_a_block_with_many_annealing_steps_triggers_a_reannealing_at_most_once_p
     assert not any(i.reannealed for i in off.update(x, y))
 
 
+def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
+    """The runner renews its lease through ``heartbeat``: a re-annealing over n rows takes as long
+    as absorbing them did, longer than a lease's TTL for large n."""
+    x, y = linear_data(800)
+    calls = []
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 2})
+    infos = e.update(x, y, heartbeat=lambda: calls.append(e.state.history.seen))
+    replayed = [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed]
+    assert replayed and len(calls) == sum(-(-n // SMALL["block_size"]) for n in replayed)
+
+
 def test_no_reannealing_over_a_reservoir() -> None:
     """A reservoir holds a subsample: re-annealing over it would target the wrong posterior."""
     x, y = linear_data(600)
