@@ -120,6 +120,7 @@ class ModelEngine:
             "observations": self.observations,
             "n_anchor": s.n_anchor,
             "n_reanneal": s.n_reanneal,
+            "n_change": s.n_change,
             "blocks": s.blocks,
             "history_seen": s.history.seen,
             "history_included": include_history,
@@ -171,6 +172,7 @@ class ModelEngine:
             anchor_grad=t["anchor_grad"], n_anchor=header["n_anchor"], posterior_var=t["posterior_var"],
             history=history,
             context=t.get("context"), blocks=header["blocks"], n_reanneal=header.get("n_reanneal", 0),
+            n_change=header.get("n_change", 0),
         )
         return eng
 

@@ -53,14 +53,17 @@ class SamplerSettings(BaseModel):
     anchor_growth: float = Field(2.0, gt=1, le=1000, description="re-anchor when the history has grown by this factor")
     history_capacity: int | None = Field(None, ge=1, description="reservoir size for the mini-batch history; null keeps everything")
     reanneal_steps: int | None = Field(
-        12, ge=2, le=1_000_000,
-        description="re-anneal from the prior over the whole history (in a random order) after a block that needed "
-                    "at least this many annealing steps, and merge the two particle populations; null = never "
-                    "(bench/README.md, 'Re-annealing after change points')")
+        12, ge=1, le=1_000_000,
+        description="a block after the warm-up that needs at least this many annealing steps marks a change: the "
+                    "particles are then re-annealed from the prior over the whole history in a random order and "
+                    "merged with the running population (null = never; 1 = at every growth step of the history)")
     reanneal_growth: float = Field(
         2.0, gt=1, le=1000,
-        description="re-anneal at most once per this factor of history growth (bounds the amortised cost at "
-                    "growth/(growth-1) passes over the data)")
+        description="re-anneal at most once per this factor of history growth")
+    reanneal_horizon: float = Field(
+        10.0, ge=1, le=1e6,
+        description="after a change, keep re-annealing at each growth step until the history is this many times "
+                    "its size at the change (the posterior moves until the new data dominate the history)")
     seed: int = Field(0, ge=0, lt=2**63, description="seed of the model's torch.Generator (checkpointed with the state)")
     dtype: Literal["float32", "float64"] = Field("float64", description="particle dtype; log-weights are always float64")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="torch device; auto = cuda when available (the service default comes from SGAIS_DEVICE)")

@@ -54,6 +54,7 @@ class SGAISState(NamedTuple):
     context : [p] last stream values for families with ``context_size`` > 0, else None.
     blocks : number of blocks absorbed.
     n_reanneal : history size at the last re-annealing (0 = never; :func:`reanneal`).
+    n_change : history size after the last block that marked a change (``reanneal_steps``; 0 = none).
     """
 
     theta: torch.Tensor
@@ -67,6 +68,7 @@ class SGAISState(NamedTuple):
     context: torch.Tensor | None
     blocks: int
     n_reanneal: int = 0
+    n_change: int = 0
 
     @property
     def n(self) -> int:
@@ -211,14 +213,21 @@ def absorb_block(
     n_prev = state.history.seen  # before _anneal_block appends to the shared history
     new_state, steps, resampled, guard_tripped = _anneal_block(
         generator, state, family=family, settings=settings, x=x, y=y)
-    new_state = new_state._replace(context=context)
     history = new_state.history
+    n = history.seen
+    # A change: a block after the warm-up (early blocks need many steps as the posterior contracts
+    # from the prior) whose posterior moved far.  Re-anneal then and at each growth step while the
+    # history is within reanneal_horizon of its size at the last change.
+    n_change = state.n_change
+    if (settings.reanneal_steps is not None and steps >= settings.reanneal_steps
+            and n_prev >= max(settings.warmup_observations, 1)):
+        n_change = n
+    new_state = new_state._replace(context=context, n_change=n_change)
     reannealed = (
-        settings.reanneal_steps is not None
-        and steps >= settings.reanneal_steps
-        and n_prev > 0  # not the first block: it starts from the prior anyway
+        n_change > 0
+        and n <= settings.reanneal_horizon * n_change
+        and n >= settings.reanneal_growth * new_state.n_reanneal
         and history.size == history.seen  # the whole history is held (no reservoir)
-        and history.seen >= settings.reanneal_growth * new_state.n_reanneal
     )
     if reannealed:
         new_state = reanneal(generator, new_state, family=family, settings=settings, heartbeat=heartbeat)

@@ -180,8 +180,8 @@ def test_same_seed_gives_the_same_bits() -> None:
         (SMALL, False),
         ({**SMALL, "history_capacity": 250}, False),
         ({**SMALL, "control_variates": False, "resample_threshold": 0.0}, True),
-        ({**SMALL, "reanneal_steps": 2, "reanneal_growth": 1.5}, True),
-        ({**SMALL, "reanneal_steps": 2, "reanneal_growth": 1.5}, False),
+        ({**SMALL, "warmup_observations": 100, "reanneal_steps": 1, "reanneal_growth": 1.5}, True),
+        ({**SMALL, "warmup_observations": 100, "reanneal_steps": 1, "reanneal_growth": 1.5}, False),
     ],
 )
 def test_resume_is_bit_identical(sampler, include_history: bool) -> None:
@@ -268,20 +268,32 @@ def test_merged_population_averages_the_two_evidence_estimates() -> None:
     assert torch.all(theta == 1.0)
 
 
-def test_a_block_with_many_annealing_steps_triggers_a_reannealing_at_most_once_per_doubling() -> None:
-    """reanneal_steps=2 makes every block after the first eligible; reanneal_growth=2 lets the
-    re-annealings happen only when the history has doubled since the last one."""
+def test_reannealing_happens_at_most_once_per_doubling_after_the_warmup() -> None:
+    """reanneal_steps=1 marks every block after the warm-up (300 observations) as a change, so the
+    re-annealings follow the doubling rule alone: at 400 (the first eligible block), 800, 1600."""
     x, y = linear_data(1600)
-    e = ModelEngine("linear_regression", {"features": 3},
-                    {**SMALL, "warmup_particles": None, "reanneal_steps": 2, "reanneal_growth": 2.0})
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1, "reanneal_growth": 2.0})
     infos = e.update(x, y)
-    seen = [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed]
-    assert all(info.annealing_steps >= 2 for info in infos if info.reannealed)
-    assert seen and all(b >= 2 * a for a, b in zip(seen, seen[1:]))
-    assert e.state.n_reanneal == seen[-1]
-    assert not infos[0].reannealed
+    assert [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == [400, 800, 1600]
+    assert e.state.n_reanneal == 1600
     off = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": None})
     assert not any(i.reannealed for i in off.update(x, y))
+
+
+@pytest.mark.parametrize("horizon,expected", [(1.0, [700]), (2.0, [700, 1400]), (3.0, [700, 1400, 2800])])
+def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float, expected: list[int]) -> None:
+    """Regression weights flip sign at observation 600: the block after it needs 23 annealing steps
+    (1–6 before it), and the blocks up to 1,100 still need >= 10, so the last change is at 1,100.
+    Re-annealings: at the change (700), then at each doubling while n <= horizon * 1,100."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 3, generator=g, dtype=torch.float64)
+    w = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    y = torch.cat([x[:600] @ w, -x[600:] @ w]) + 0.5 + torch.randn(3000, generator=g, dtype=torch.float64)
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 10, "reanneal_horizon": horizon})
+    infos = e.update(x, y)
+    assert max(i.annealing_steps for i in infos[3:6]) < 10 <= infos[6].annealing_steps
+    assert [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
+    assert e.state.n_change == 1100
 
 
 def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
@@ -289,7 +301,7 @@ def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
     as absorbing them did, longer than a lease's TTL for large n."""
     x, y = linear_data(800)
     calls = []
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 2})
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1})
     infos = e.update(x, y, heartbeat=lambda: calls.append(e.state.history.seen))
     replayed = [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed]
     assert replayed and len(calls) == sum(-(-n // SMALL["block_size"]) for n in replayed)
@@ -298,7 +310,7 @@ def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
 def test_no_reannealing_over_a_reservoir() -> None:
     """A reservoir holds a subsample: re-annealing over it would target the wrong posterior."""
     x, y = linear_data(600)
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "history_capacity": 250, "reanneal_steps": 2})
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "history_capacity": 250, "reanneal_steps": 1})
     assert not any(i.reannealed for i in e.update(x, y)[3:])
 
 
