@@ -21,6 +21,10 @@ from tests.integration.helpers import linear_chunks, reference_trace, strip
 
 MODELS = {f"m{i}": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 10 + i, "block_size": 100}}
           for i in range(3)}
+# re-annealing over the whole history at 400, 800, 1,600 and 3,200 observations: long blocks (the
+# worker renews its 1 s lease from the engine's heartbeat) and more state to get bit-identical
+MODELS["m3"] = {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 13, "block_size": 100,
+                                           "warmup_observations": 300, "reanneal_steps": 1}}
 
 
 def start_worker(settings) -> subprocess.Popen:
@@ -78,6 +82,8 @@ def test_sigkilled_worker_resumes_bit_identical(api, settings):
         worker.wait()
     assert kills >= 3
     check_traces(api, chunks)
+    trace = api.get("/v1/models/m3/trace", params={"limit": 10000}).json()["items"]
+    assert [r["observations"] for r in trace if r["reannealed"]] == [400, 800, 1600, 3200]
 
 
 def test_racing_workers_apply_each_block_once(api, settings):
