@@ -202,6 +202,21 @@ class Worker:
                 except (NumericalError, ValueError) as err:
                     self.record_error(h, err)
 
+    def keep_alive(self, h: Held) -> None:
+        """Called by the engine between the blocks of a re-annealing (which can take as long as the
+        whole history took): keep the leases and the worker's heartbeat (``/readyz``) fresh.
+
+        Raises LeaseLost for ``h`` only; another model whose lease was lost is dropped here."""
+        self.renew_if_due(h)
+        for ref, other in list(self.held.items()):
+            if other is not h:
+                try:
+                    self.renew_if_due(other)
+                except LeaseLost:
+                    self.held.pop(ref, None)
+        if time.monotonic() - self._beat_at >= self.s.heartbeat_seconds:
+            self.heartbeat()
+
     def renew_if_due(self, h: Held) -> None:
         if time.monotonic() - h.renewed_at > self.s.lease_ttl_seconds / 3:
             if not self.r.eval(RENEW_LUA, 1, self.keys.lease(h.tenant, h.name), h.token, self.ttl_ms):
@@ -268,7 +283,7 @@ class Worker:
             self.renew_if_due(h)
             xb, yb = (x[start:start + size] if x is not None else None), y[start:start + size]
             t0 = time.perf_counter()
-            (info,) = h.engine.update(xb, yb, validated=True, heartbeat=lambda: self.renew_if_due(h))
+            (info,) = h.engine.update(xb, yb, validated=True, heartbeat=lambda: self.keep_alive(h))
             seconds = time.perf_counter() - t0
             row = {
                 "seq": seq, "first_index": first + start, "block_observations": int(yb.shape[0]),
