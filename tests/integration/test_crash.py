@@ -102,6 +102,30 @@ def test_a_reannealing_longer_than_the_lease_keeps_the_lease(api, settings):
     check_traces(api, chunks)
 
 
+def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
+    """A pass over the four busy models of stream s takes seconds, many times a 0.3 s lease; the
+    idle model on stream t must keep its lease (same token) instead of expiring and being re-leased
+    and reloaded (which replays its stream's history) at the next scan."""
+    from service.keys import Keys
+
+    assert api.post("/v1/models", json={"name": "idle", "stream": "t", **SMALL_MODEL}).status_code == 201
+    keys, r = Keys(settings.key_prefix), redis.Redis.from_url(settings.redis_url)
+    worker = start_worker(settings, lease_ttl=0.3)
+    try:
+        (first,) = linear_chunks(1, 50, seed=7)
+        assert api.post("/v1/streams/t/chunks", json=first).status_code == 202
+        wait_until(lambda: api.get("/v1/models/idle/evidence").json()["chunks_processed"] == 1, timeout=60)
+        token = r.get(keys.lease("default", "idle"))
+        chunks = linear_chunks(12, 300, seed=5)
+        for c in chunks:
+            assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
+        wait_until(lambda: processed(api, len(chunks)), timeout=120)
+        assert token is not None and r.get(keys.lease("default", "idle")) == token
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_racing_workers_apply_each_block_once(api, settings):
     chunks = linear_chunks(10, 300, seed=6)
     workers = [start_worker(settings), start_worker(settings)]
