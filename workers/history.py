@@ -80,6 +80,15 @@ class History:
                 if self.x is not None:
                     self.x[j] = x[i]
 
+    def truncate(self, seen: int) -> None:
+        """Forget the rows appended after the first ``seen`` (undo of :meth:`append`).
+
+        Raises ValueError for a reservoir that has started replacing rows (those cannot be undone).
+        """
+        if self.size != self.seen or not 0 <= seen <= self.seen:
+            raise ValueError(f"cannot truncate a history of {self.seen} rows ({self.size} held) to {seen}")
+        self.size = self.seen = seen
+
     def rows(self, index: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Rows at ``index: [B]`` (int64, each in ``[0, size)``)."""
         return (self.x[index] if self.x is not None else None), self.y[index]

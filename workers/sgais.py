@@ -191,8 +191,8 @@ def absorb_block(
 
     Returns the new state and the block's :class:`BlockInfo`.  ``heartbeat`` is called between
     the blocks of a re-annealing (:func:`reanneal`), which can take as long as the history took
-    (a worker renews its lease there).  If it raises, the exception propagates and the shared
-    history already holds the block: discard the state (the runner reloads the checkpoint).
+    (a worker renews its lease there); if it raises, the exception propagates and the block is
+    not absorbed.
 
     Raises
     ------
@@ -230,7 +230,11 @@ def absorb_block(
         and history.size == history.seen  # the whole history is held (no reservoir)
     )
     if reannealed:
-        new_state = reanneal(generator, new_state, family=family, settings=settings, heartbeat=heartbeat)
+        try:
+            new_state = reanneal(generator, new_state, family=family, settings=settings, heartbeat=heartbeat)
+        except BaseException:
+            history.truncate(n_prev)  # leave the input state as it was (the block is not absorbed)
+            raise
     log_z = new_state.log_evidence
     return new_state, BlockInfo(
         observations=B,

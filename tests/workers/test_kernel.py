@@ -307,6 +307,23 @@ def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
     assert replayed and len(calls) == sum(-(-n // SMALL["block_size"]) for n in replayed)
 
 
+def test_an_aborted_reannealing_leaves_the_block_unabsorbed() -> None:
+    """A heartbeat that raises (the worker lost its lease) aborts the block: history and state stay
+    as they were, and the engine can go on absorbing."""
+    x, y = linear_data(800)
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1})
+    e.update(x[:300], y[:300])
+    before = e.state
+
+    def lost() -> None:
+        raise RuntimeError("lease lost")
+
+    with pytest.raises(RuntimeError, match="lease lost"):
+        e.update(x[300:400], y[300:400], heartbeat=lost)  # the first block after the warm-up re-anneals
+    assert e.state is before and e.state.history.seen == 300
+    assert e.update(x[300:400], y[300:400])[0].reannealed and e.state.history.seen == 400
+
+
 def test_no_reannealing_over_a_reservoir() -> None:
     """A reservoir holds a subsample: re-annealing over it would target the wrong posterior."""
     x, y = linear_data(600)
