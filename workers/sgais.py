@@ -385,7 +385,10 @@ def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
     that the union's mean weight is ``(Ẑ_A + Ẑ_B) / 2``, is properly weighted too (the average of
     two unbiased evidence estimates is unbiased; thesis eq. 4.6 for each), and systematic
     resampling back to ``M`` particles keeps that mean (as in :func:`reduce_particles`).  A
-    population stuck in a poor mode has a much smaller ``Ẑ`` and contributes no survivors.
+    population stuck in a poor mode has a much smaller ``Ẑ`` and contributes no survivors.  The
+    same holds for particles that merely lag a posterior still moving after the change (the
+    accumulated data's make-up keeps changing), which is why :func:`absorb_block` repeats it at
+    each doubling within ``reanneal_horizon``.
 
     ``state`` must hold its whole history (no reservoir).  Cost: one SGAIS pass over ``n`` rows;
     :class:`SamplerSettings` ``reanneal_growth`` limits how often it runs.  The anchors are reset
@@ -410,13 +413,12 @@ def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
 
     theta, velocity, log_w = merge_populations(
         generator, (state.theta, state.velocity, state.log_w), (fresh.theta, fresh.velocity, fresh.log_w))
-    hx_all, hy_all = history.all_rows()
     return state._replace(
         theta=theta,
         velocity=velocity,
         log_w=log_w,
         anchor=theta.clone(),
-        anchor_grad=history_gradient(family, theta, hx_all, hy_all),
+        anchor_grad=history_gradient(family, theta, hx, hy),  # a sum over the rows: their order is moot
         n_anchor=n,
         posterior_var=weighted_variance(theta, log_w, floor=torch.minimum(state.posterior_var, fresh.posterior_var) / 4),
         n_reanneal=n,
