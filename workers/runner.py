@@ -115,6 +115,8 @@ class Worker:
             self.scan()
         worked = False
         for ref, h in list(self.held.items()):
+            if ref not in self.held:  # dropped by keep_alive while another model worked
+                continue
             try:
                 worked |= self.advance(h)
             except LeaseLost:
