@@ -64,6 +64,10 @@ class SamplerSettings(BaseModel):
         10.0, ge=1, le=1e6,
         description="after a change, keep re-annealing at each growth step until the history is this many times "
                     "its size at the change (the posterior moves until the new data dominate the history)")
+    change_burn_in: int | None = Field(
+        60, ge=0, le=10_000,
+        description="SGHMC steps per annealing step for blocks within reanneal_horizon of a change, where the "
+                    "posterior keeps moving and burn_in steps lag it (bench/README.md); null = burn_in")
     seed: int = Field(0, ge=0, lt=2**63, description="seed of the model's torch.Generator (checkpointed with the state)")
     dtype: Literal["float32", "float64"] = Field("float64", description="particle dtype; log-weights are always float64")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="torch device; auto = cuda when available (the service default comes from SGAIS_DEVICE)")

@@ -292,6 +292,9 @@ def _anneal_block(
         # particles; floored at 1/growth so that no step grows more than `fisher_step_growth`-fold.
         fisher = fisher_diagonal(generator, family, theta, log_w, x, y, probes=FISHER_PROBES)
         fisher = torch.clamp(fisher, min=1.0 / settings.fisher_step_growth)
+    burn_in = settings.burn_in
+    if settings.change_burn_in is not None and state.n_change and n <= settings.reanneal_horizon * state.n_change:
+        burn_in = max(burn_in, settings.change_burn_in)  # the posterior is still moving after a change
     resample = RESAMPLERS[settings.resampling]
     lam = 0.0
     steps = 0
@@ -339,7 +342,7 @@ def _anneal_block(
             anchor, anchor_grad = anchor[idx], anchor_grad[idx]
             log_w = torch.full_like(log_w, float(torch.logsumexp(log_w, 0) - math.log(M)))
             resampled = True
-        for _ in range(settings.burn_in):
+        for _ in range(burn_in):
             theta, velocity = sghmc_step(
                 generator,
                 theta,

@@ -289,7 +289,7 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float, expec
     x = torch.randn(3000, 3, generator=g, dtype=torch.float64)
     w = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     y = torch.cat([x[:600] @ w, -x[600:] @ w]) + 0.5 + torch.randn(3000, generator=g, dtype=torch.float64)
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 10, "reanneal_horizon": horizon})
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 10, "reanneal_horizon": horizon, "change_burn_in": None})
     infos = e.update(x, y)
     assert max(i.annealing_steps for i in infos[3:6]) < 10 <= infos[6].annealing_steps
     assert [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
