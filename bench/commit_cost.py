@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's service/, not bench/service.py
 
 from service.app import create_app  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from workers.config import Settings  # noqa: E402
 from workers.engine import ModelEngine  # noqa: E402
 from workers.runner import Worker  # noqa: E402
 

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from service.metrics import BodyLimitMiddleware, TimingMiddleware
 from service.routes import alerts, chunks, events, evidence, models, ops
-from service.settings import Settings, get_settings
+from workers.config import Settings, get_settings
 
 
 def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI:

@@ -47,7 +47,7 @@ def serve(
     import uvicorn
 
     from service.app import create_app
-    from service.settings import get_settings
+    from workers.config import get_settings
 
     overrides = {k: v for k, v in dict(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
                                        workers=workers, worker_mode=worker_mode).items() if v is not None}
@@ -94,7 +94,7 @@ def worker(
     metrics_port: Annotated[Optional[int], typer.Option(help="serve Prometheus metrics here [SGAIS_METRICS_PORT]")] = None,
 ) -> None:
     """Run one worker alone (scale-out): leases models and absorbs their chunks until SIGTERM."""
-    from service.settings import get_settings
+    from workers.config import get_settings
     from workers.runner import main
 
     overrides = {k: v for k, v in dict(redis_url=redis_url, metrics_port=metrics_port).items() if v is not None}

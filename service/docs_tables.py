@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from service.settings import Settings
+from workers.config import Settings
 from workers.settings import SamplerSettings
 
 

@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from service import store
-from service.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
+from workers.store import reads as store
+from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
 
 HTTP_SECONDS = Histogram("sgais_http_request_seconds", "HTTP request latency (seconds)", ["method", "route", "status"])
 

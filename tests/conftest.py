@@ -12,7 +12,7 @@ import pytest
 import redis
 import torch
 
-from service.settings import Settings
+from workers.config import Settings
 
 # Workers run torch on one intra-op thread (SGAIS_TORCH_THREADS, default 1); reductions over a
 # different thread count may round differently, so reference runs in the tests use the same.

@@ -3,7 +3,7 @@
 Loop (DESIGN.md §2): heartbeat; discover models (``P:models``) and lease a fair share of them
 (``SET NX PX`` with a random token, renewed); restore each leased model from its checkpoint
 (history rebuilt by replaying the stream log); read the log entries after the model's cursor;
-``ModelEngine.update`` block by block; then ONE Lua script per chunk (``workers.commit``, one
+``ModelEngine.update`` block by block; then ONE Lua script per chunk (``workers.store.commit``, one
 round trip), fenced by the lease (it writes nothing unless the lease still holds our token), that
 stores the checkpoint, moves the cursor, and writes trace rows, alerts, metrics and events
 atomically; when the stream's common observation count moved, a second fenced script stores the
@@ -34,12 +34,12 @@ from typing import Any, Iterator
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from service import records
-from service.comparison import leader as leader_of
-from service.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
-from service.settings import Settings, get_settings
+from workers.store import records
+from workers.comparison import leader as leader_of
+from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
+from workers.config import Settings, get_settings
 from workers import alerts as detector_lib
-from workers.commit import LeaseLost, Scripts, StreamState
+from workers.store.commit import LeaseLost, Scripts, StreamState
 from workers.engine import ModelEngine
 from workers.sgais import NumericalError
 
@@ -315,7 +315,7 @@ class Worker:
 
     def commit(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> None:
         """Store checkpoint + cursor + trace rows + histogram + alerts + events in ONE fenced Lua script
-        (``workers.commit.COMMIT_LUA``, one round trip); then, if the stream's common observation count
+        (``workers.store.commit.COMMIT_LUA``, one round trip); then, if the stream's common observation count
         moved, the stream posterior (:meth:`update_stream_posterior`, a second round trip).
 
         Raises

@@ -13,11 +13,12 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from models import Family, ObservationError, make_family
-from service import records, store
+from workers.store import records
+from workers.store import reads as store
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
-from service.keys import Keys
+from workers.store.keys import Keys
 from service.schemas import ChunkAck, ChunkIn, Name, StreamModel, StreamOut
-from service.settings import Settings
+from workers.config import Settings
 
 router = APIRouter(prefix="/v1", tags=["chunks"])
 

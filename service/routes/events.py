@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from service.deps import SettingsDep, websocket_tenant
-from service.keys import Keys
+from workers.store.keys import Keys
 from service.routes.chunks import accept_chunk
 from service.schemas import NAME_PATTERN, ChunkIn
 

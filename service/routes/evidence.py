@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.concurrency import run_in_threadpool
 from redis.client import NEVER_DECODE
 
-from service import store
+from workers.store import reads as store
 from service.deps import KeysDep, RedisDep, TenantDep
 from service.schemas import Evidence, Name, Posterior, StreamPosterior, Trace
 from workers.engine import posterior_summary_from_bytes

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import ValidationError
 
 from models import UnknownFamilyError, make_family, FAMILIES
-from service import store
+from workers.store import reads as store
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
 from service.schemas import ModelCreate, ModelList, ModelOut, Name
 from workers.alerts import AlertSettings

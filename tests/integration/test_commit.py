@@ -1,4 +1,4 @@
-"""The worker's fenced commit scripts (workers/commit.py) against a real Redis, driven step by step:
+"""The worker's fenced commit scripts (workers/store/commit.py) against a real Redis, driven step by step:
 fencing, the stream posterior and its events, a model_switch alert, and an interrupted update."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.keys import Keys
+from workers.store.keys import Keys
 from tests.conftest import SMALL_MODEL
 from tests.integration.helpers import linear_chunks
-from workers.commit import Scripts
+from workers.store.commit import Scripts
 from workers.runner import LeaseLost, Worker
 
 # "b" has 100x the prior weight but a noise std 5x too large: it leads at 0 observations, "a" after 300.

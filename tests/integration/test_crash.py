@@ -106,7 +106,7 @@ def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
     """A pass over the four busy models of stream s takes seconds, many times a 0.3 s lease; the
     idle model on stream t must keep its lease (same token) instead of expiring and being re-leased
     and reloaded (which replays its stream's history) at the next scan."""
-    from service.keys import Keys
+    from workers.store.keys import Keys
 
     assert api.post("/v1/models", json={"name": "idle", "stream": "t", **SMALL_MODEL}).status_code == 201
     keys, r = Keys(settings.key_prefix), redis.Redis.from_url(settings.redis_url)

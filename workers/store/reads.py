@@ -9,8 +9,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from fastapi import HTTPException, status
 
-from service import records
-from service.keys import Keys, model_ref
+from workers.store import records
+from workers.store.keys import Keys, model_ref
 
 # Seq check + XADD + meta update in one atomic step: a rejected chunk leaves no trace.
 # KEYS: meta, log, seqs.  ARGV: seq ("" = next), sha256, n, x_shape, y_shape, x, y.

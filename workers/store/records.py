@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from service.comparison import model_probabilities
+from workers.comparison import model_probabilities
 
 # ----- chunks in the stream log ----------------------------------------------------------------
 

@@ -12,7 +12,7 @@ The stream posterior (model probabilities at the largest observation count every
 of the stream has processed, API.md "Model comparison") is derived data.  The commit script
 reads the stream's models and its leader record (``{"model", "observations"}``) and, only when
 that common count differs from the record's, returns each active model's trace row at the
-count.  The worker then computes the probabilities in Python (:mod:`service.comparison`, the
+count.  The worker then computes the probabilities in Python (:mod:`workers.comparison`, the
 code the API uses) and stores the new leader record, the ``posterior`` event and any
 ``model_switch`` alert with :data:`LEADER_LUA`: fenced by the same lease and compare-and-set on
 the leader record (``stale`` = another worker moved it first: re-read with :data:`STREAM_LUA`
@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from service.keys import BLOCK_SECONDS_BUCKETS, Keys
+from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys
 
 # Shared by COMMIT_LUA and STREAM_LUA: the stream's models (sorted), each one's observations and
 # status (``me`` overridden with the values being committed), the common count, and the leader
@@ -207,7 +207,7 @@ class Scripts:
                alerts: list[dict], observations: int, known: list[str] | None) -> StreamState | None:
         """Run :data:`COMMIT_LUA`: the checkpoint hash fields, the trace ``rows`` (scored by ``first_index``,
         each counted in the block-latency histogram by its ``seconds``), ``events`` as ``(chunks processed,
-        evidence event head)`` (:func:`service.records.evidence_event_head`), ``alerts`` (full records).
+        evidence event head)`` (:func:`workers.store.records.evidence_event_head`), ``alerts`` (full records).
         With ``known`` (the models of the stream whose prior the caller has; None = no query) the stream's
         state is read as of this commit, the model at ``observations``.
 
