@@ -27,15 +27,25 @@ D = 5
 CHUNK = 500
 
 # The ladder from the thesis's algorithm to the defaults; each row adds one change to the previous one.
-_THESIS = {"control_variates": False, "learning_rate_schedule": "block", "resample_threshold": 0.0,
-           "warmup_particles": None, "preconditioning": False, "ess_target": 0.5}
+_THESIS = {
+    "control_variates": False,
+    "learning_rate_schedule": "block",
+    "resample_threshold": 0.0,
+    "warmup_particles": None,
+    "preconditioning": False,
+    "ess_target": 0.5,
+}
 VARIANTS = {
     # Cameron 2020, Alg. 8 as written: plain mini-batch gradients, η = 0.1/n, no resampling, M = 10, ESS* = M/2.
     "thesis": _THESIS,
     "+annealed η": {**_THESIS, "learning_rate_schedule": "annealed"},
     "+control variates": {**_THESIS, "learning_rate_schedule": "annealed", "control_variates": True},
-    "+resampling": {**_THESIS, "learning_rate_schedule": "annealed", "control_variates": True,
-                    "resample_threshold": 0.5},
+    "+resampling": {
+        **_THESIS,
+        "learning_rate_schedule": "annealed",
+        "control_variates": True,
+        "resample_threshold": 0.5,
+    },
     "+warm-up particles": {"preconditioning": False, "ess_target": 0.5},
     "+preconditioning": {"ess_target": 0.5, "fisher_step_growth": 1},
     "+ess_target 0.8": {"ess_target": 0.8, "fisher_step_growth": 1},
@@ -93,8 +103,10 @@ def main() -> None:
     variants = VARIANTS if args.variants else {"default": {}}
     if args.sampler is not None:
         variants = {"custom": args.sampler}
-    print(f"linear regression d={D}, known noise, chunks of {CHUNK}, n={args.n}, seeds={args.seeds}, "
-          f"torch threads={args.threads}")
+    print(
+        f"linear regression d={D}, known noise, chunks of {CHUNK}, n={args.n}, seeds={args.seeds}, "
+        f"torch threads={args.threads}"
+    )
     for name, sampler in variants.items():
         results = [run(args.n, seed, sampler, checkpoints) for seed in range(args.seeds)]
         seconds = sum(r["seconds"] for r in results)
@@ -104,14 +116,18 @@ def main() -> None:
             errs = [r["errors"][m] for r in results]
             med = statistics.median(abs(e) for e in errs)
             target = 3e-4 * m + 10
-            print(f"{m:>9} {med:>13.3f} {max(abs(e) for e in errs):>10.3f} {target:>9.1f} {'yes' if med <= target else 'NO':>4}   "
-                  + " ".join(f"{e:+.2f}" for e in errs))
+            print(
+                f"{m:>9} {med:>13.3f} {max(abs(e) for e in errs):>10.3f} {target:>9.1f} {'yes' if med <= target else 'NO':>4}   "
+                + " ".join(f"{e:+.2f}" for e in errs)
+            )
         print(f"throughput: {args.seeds * args.n / seconds:,.0f} observations/s (engine time only, single model)")
         if args.n >= 100_000:
             small = statistics.median(block_time_around(r["block_seconds"], 10_000) for r in results)
             large = statistics.median(block_time_around(r["block_seconds"], 100_000) for r in results)
-            print(f"seconds per {CHUNK}-observation block: {small * 1e3:.2f} ms near n=10^4, "
-                  f"{large * 1e3:.2f} ms near n=10^5, ratio {large / small:.2f} (target ≤ 1.3)")
+            print(
+                f"seconds per {CHUNK}-observation block: {small * 1e3:.2f} ms near n=10^4, "
+                f"{large * 1e3:.2f} ms near n=10^5, ratio {large / small:.2f} (target ≤ 1.3)"
+            )
 
 
 if __name__ == "__main__":

@@ -40,9 +40,23 @@ def main() -> None:
     port = bench.free_port()
     with tempfile.TemporaryDirectory(prefix="sgais-api-") as data_dir:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "SGAIS_API_KEYS": ""}
-        api = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port),
-                                "--workers", "0", "--data-dir", data_dir], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        api = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from service.cli import app; app()",
+                "serve",
+                "--port",
+                str(port),
+                "--workers",
+                "0",
+                "--data-dir",
+                data_dir,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
                 deadline = time.monotonic() + 120
@@ -62,14 +76,19 @@ def main() -> None:
                 c1 = cpu_seconds(api.pid)
                 bodies = [json.dumps(chunk).encode() for chunk in bench.make_chunks(20)]
                 for i in range(args.posts):
-                    c.post("/v1/streams/s/chunks", content=bodies[i % len(bodies)],
-                           headers={"content-type": "application/json"}).raise_for_status()
+                    c.post(
+                        "/v1/streams/s/chunks",
+                        content=bodies[i % len(bodies)],
+                        headers={"content-type": "application/json"},
+                    ).raise_for_status()
                 c2 = cpu_seconds(api.pid)
         finally:
             api.send_signal(signal.SIGTERM)
             api.wait(timeout=60)
-    print(f"API CPU per request: GET /v1/streams/s (10 models) {1000 * (c1 - c0) / args.gets:.2f} ms, "
-          f"POST a {bench.CHUNK} x {bench.FEATURES} chunk {1000 * (c2 - c1) / args.posts:.2f} ms")
+    print(
+        f"API CPU per request: GET /v1/streams/s (10 models) {1000 * (c1 - c0) / args.gets:.2f} ms, "
+        f"POST a {bench.CHUNK} x {bench.FEATURES} chunk {1000 * (c2 - c1) / args.posts:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def run(x: torch.Tensor, y: torch.Tensor, marks: list[int], seed: int, sampler: 
     engine = ModelEngine("linear_regression", {"features": D}, {"seed": seed, **sampler})
     errors, seconds, reannealed = {}, 0.0, []
     for a in range(0, y.shape[0], CHUNK):
-        xb, yb = x[a:a + CHUNK], y[a:a + CHUNK]
+        xb, yb = x[a : a + CHUNK], y[a : a + CHUNK]
         t0 = time.perf_counter()
         (info,) = engine.update(xb, yb, validated=True)
         seconds += time.perf_counter() - t0
@@ -71,9 +71,11 @@ def main() -> None:
     marks = sorted({*(c + CHUNK for c in changes), *(2 * c for c in changes), args.n} - {0})
     marks = [m for m in marks if m <= args.n]
     variants = {"re-annealing (defaults)": extra, "without (reanneal_steps null)": {**extra, "reanneal_steps": None}}
-    print(f"linear regression d={D}, known noise, blocks of {CHUNK}, n={args.n}, weights re-drawn at {changes}, "
-          f"sampler overrides {extra}; "
-          f"signed log Ẑ − log Z (nats), median over {args.seeds} seeds [min, max]")
+    print(
+        f"linear regression d={D}, known noise, blocks of {CHUNK}, n={args.n}, weights re-drawn at {changes}, "
+        f"sampler overrides {extra}; "
+        f"signed log Ẑ − log Z (nats), median over {args.seeds} seeds [min, max]"
+    )
     for label, sampler in variants.items():
         rows = [run(*make_data(args.n, changes, s), marks, s, sampler) for s in range(args.seeds)]
         cells = []
@@ -81,8 +83,9 @@ def main() -> None:
             e = [r[0][m] for r in rows]
             cells.append(f"n={m}: {statistics.median(e):+.2f} [{min(e):+.2f}, {max(e):+.2f}]")
         secs = statistics.median(r[1] for r in rows)
-        print(f"{label}: " + "; ".join(cells) + f"; engine {secs:.1f} s; re-annealed at {rows[0][2]} (seed 0)",
-              flush=True)
+        print(
+            f"{label}: " + "; ".join(cells) + f"; engine {secs:.1f} s; re-annealed at {rows[0][2]} (seed 0)", flush=True
+        )
 
 
 if __name__ == "__main__":

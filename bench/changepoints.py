@@ -67,15 +67,30 @@ def run_model(parts: list[tuple[str, dict]], z: np.ndarray, sampler: dict) -> li
         for k, info in enumerate(eng.update(None, y)):
             # blocks cut the stream every block_size values; `observations` counts the rows that
             # entered the likelihood (an AR model conditions on its first `order` values)
-            rows.append({"first_index": k * sampler["block_size"], "observations": info.observations,
-                         "log_predictive": info.log_predictive, "annealing_steps": info.annealing_steps,
-                         "ess": info.ess, "log_evidence": info.log_evidence})
+            rows.append(
+                {
+                    "first_index": k * sampler["block_size"],
+                    "observations": info.observations,
+                    "log_predictive": info.log_predictive,
+                    "annealing_steps": info.annealing_steps,
+                    "ess": info.ess,
+                    "log_evidence": info.log_evidence,
+                }
+            )
         traces.append(rows)
     return traces
 
 
 def compute_traces(block: int, sampler_extra: dict, refresh: bool, score_only: bool = False) -> dict:
-    sampler = {"block_size": block, "particles": 10, "burn_in": 10, "batch_size": 100, "learning_rate": 0.02, "seed": 0, **sampler_extra}
+    sampler = {
+        "block_size": block,
+        "particles": 10,
+        "burn_in": 10,
+        "batch_size": 100,
+        "learning_rate": 0.02,
+        "seed": 0,
+        **sampler_extra,
+    }
     key = hashlib.sha1(json.dumps(sampler, sort_keys=True).encode()).hexdigest()[:10]
     path = OUT / f"changepoint_traces_{key}.json"
     if path.exists() and not refresh:
@@ -97,10 +112,16 @@ def compute_traces(block: int, sampler_extra: dict, refresh: bool, score_only: b
         for model, parts in model_specs(z.shape[1]).items():
             t0 = time.perf_counter()
             traces = run_model(parts, z, sampler)
-            out["series"][name][model] = {"traces": traces, "seconds": time.perf_counter() - t0,
-                                          "log_evidence": sum(t[-1]["log_evidence"] for t in traces)}
-            print(f"  {name:18s} {model:5s} log Z={out['series'][name][model]['log_evidence']:10.2f} "
-                  f"({out['series'][name][model]['seconds']:.1f} s)", flush=True)
+            out["series"][name][model] = {
+                "traces": traces,
+                "seconds": time.perf_counter() - t0,
+                "log_evidence": sum(t[-1]["log_evidence"] for t in traces),
+            }
+            print(
+                f"  {name:18s} {model:5s} log Z={out['series'][name][model]['log_evidence']:10.2f} "
+                f"({out['series'][name][model]['seconds']:.1f} s)",
+                flush=True,
+            )
         partial.write_text(json.dumps(out))
     path.write_text(json.dumps(out))
     return out
@@ -115,7 +136,9 @@ def merge(points: list[int], margin: int) -> list[int]:
     return kept
 
 
-def sgais_points(traces: list[list[dict]], settings: alerts.AlertSettings, kinds=("evidence_drop", "annealing_spike")) -> list[int]:
+def sgais_points(
+    traces: list[list[dict]], settings: alerts.AlertSettings, kinds=("evidence_drop", "annealing_spike")
+) -> list[int]:
     """Change locations of the detector run over each part's trace, pooled."""
     pts = []
     for rows in traces:
@@ -141,8 +164,15 @@ def river_points(detector_cls, z: np.ndarray) -> list[int]:
 def score(data: dict, settings: alerts.AlertSettings, verbose: bool = True) -> dict[str, tuple[float, float]]:
     from river import drift
 
-    methods = {"zero": None, "PageHinkley": drift.PageHinkley, "ADWIN": drift.ADWIN, "KSWIN": drift.KSWIN,
-               "sgais": "leader", "sgais-ar1": "ar1", "sgais-gmm1": "gmm1"}
+    methods = {
+        "zero": None,
+        "PageHinkley": drift.PageHinkley,
+        "ADWIN": drift.ADWIN,
+        "KSWIN": drift.KSWIN,
+        "sgais": "leader",
+        "sgais-ar1": "ar1",
+        "sgais-gmm1": "gmm1",
+    }
     names = [n for n in SERIES if n in data["series"]]
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
     lines = []

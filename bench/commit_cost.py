@@ -61,6 +61,7 @@ class Clock:
                 self.wall += time.perf_counter() - t0
                 self.trips += ROUND_TRIPS[0] - r0
                 self.calls += 1
+
         return timed
 
 
@@ -101,14 +102,18 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     chunks = bench.make_chunks(args.chunks)
-    print(f"{'models':>6} | {'engine cpu ms':>13} | {'commit cpu ms':>13} | {'commit wall ms':>14} | "
-          f"{'round trips':>11} | {'other absorb cpu ms':>19}   (per model-chunk)")
+    print(
+        f"{'models':>6} | {'engine cpu ms':>13} | {'commit cpu ms':>13} | {'commit wall ms':>14} | "
+        f"{'round trips':>11} | {'other absorb cpu ms':>19}   (per model-chunk)"
+    )
     for n_models in args.models:
         engine, commit, absorb = run(args.redis_url, chunks, n_models)
         n = commit.calls
-        print(f"{n_models:>6} | {1000 * engine.cpu / n:13.3f} | {1000 * commit.cpu / n:13.3f} | "
-              f"{1000 * commit.wall / n:14.3f} | {commit.trips / n:11.2f} | "
-              f"{1000 * (absorb.cpu - engine.cpu - commit.cpu) / n:19.3f}")
+        print(
+            f"{n_models:>6} | {1000 * engine.cpu / n:13.3f} | {1000 * commit.cpu / n:13.3f} | "
+            f"{1000 * commit.wall / n:14.3f} | {commit.trips / n:11.2f} | "
+            f"{1000 * (absorb.cpu - engine.cpu - commit.cpu) / n:19.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 
 import torch
-
 from accuracy import make_data
+
 from models.conjugate import LinearRegressionEvidence
 from workers.engine import ModelEngine
 
@@ -44,8 +44,11 @@ def main() -> None:
     torch.set_num_threads(1)
     for name, sampler, sizes in VARIANTS:
         errs = [error(seed, sampler, sizes) for seed in range(10)]
-        print(f"{name:34s} median |err| {statistics.median(abs(e) for e in errs):6.2f}  "
-              f"mean {statistics.mean(errs):+7.2f}  sd {statistics.stdev(errs):5.2f}", flush=True)
+        print(
+            f"{name:34s} median |err| {statistics.median(abs(e) for e in errs):6.2f}  "
+            f"mean {statistics.mean(errs):+7.2f}  sd {statistics.stdev(errs):5.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,10 @@ def main() -> None:
             eng.update(xt[i : i + CHUNK], yt[i : i + CHUNK])
         errors.append(eng.log_evidence - ref)
     e = np.array(errors)
-    print(f"sampler {json.dumps(args.sampler)} n={args.n}: mean {e.mean():+.2f} sd {e.std(ddof=1):.2f} "
-          f"per seed {np.round(e, 2).tolist()} ({(time.perf_counter() - start) / args.seeds:.1f} s per run)")
+    print(
+        f"sampler {json.dumps(args.sampler)} n={args.n}: mean {e.mean():+.2f} sd {e.std(ddof=1):.2f} "
+        f"per seed {np.round(e, 2).tolist()} ({(time.perf_counter() - start) / args.seeds:.1f} s per run)"
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,16 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_methods import (  # noqa: E402
-    LinearModel, LogisticModel, MixtureModel, Reference, laplace_t_importance, linear_data,
-    logistic_data, mixture_data, mixture_mode_importance, run_dynesty,
+    LinearModel,
+    LogisticModel,
+    MixtureModel,
+    Reference,
+    laplace_t_importance,
+    linear_data,
+    logistic_data,
+    mixture_data,
+    mixture_mode_importance,
+    run_dynesty,
 )
 
 DATA_SEED = 2020
@@ -94,8 +102,13 @@ def settings_tag(sampler: dict) -> str:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -130,12 +143,15 @@ def problem(name: str, n: int):
 
 def run_part(part: str, sizes: list[int], args) -> None:
     if part == "check":
+
         def check():
             x, y = linear_data(1000, 43, DATA_SEED)
             lin = LinearModel(x, y)
-            r = run_dynesty(lin.log_likelihood, lin.prior_transform, lin.ndim, nlive=args.nlive, seed=0,
-                            label="linear d=43 n=1000")
+            r = run_dynesty(
+                lin.log_likelihood, lin.prior_transform, lin.ndim, nlive=args.nlive, seed=0, label="linear d=43 n=1000"
+            )
             return {**ref_dict(r), "exact": lin.exact_log_evidence()}
+
         cached(f"check_linear44_nlive{args.nlive}", check)
         return
     if part == "drift":
@@ -145,18 +161,32 @@ def run_part(part: str, sizes: list[int], args) -> None:
         for name in args.models:
             family, params, x, y, model, truth = problem(name, n)
             if part == "is":
-                fn = (lambda: ref_dict(laplace_t_importance(model, seed=0))) if name == "logistic" else (
-                    lambda: ref_dict(mixture_mode_importance(model, truth, seed=0)))
+                fn = (
+                    (lambda: ref_dict(laplace_t_importance(model, seed=0)))
+                    if name == "logistic"
+                    else (lambda: ref_dict(mixture_mode_importance(model, truth, seed=0)))
+                )
                 cached(f"is_{name}_{n}", fn)
-            elif part == "dynesty" and (name == "gmm" or n <= args.dynesty_logistic_max_n) \
-                    and n <= args.dynesty_max_n:
-                cached(f"dynesty_{name}_{n}_nlive{args.nlive}", lambda: ref_dict(run_dynesty(
-                    model.log_likelihood, model.prior_transform, model.ndim, nlive=args.nlive, seed=0,
-                    label=f"{name} n={n}")))
+            elif part == "dynesty" and (name == "gmm" or n <= args.dynesty_logistic_max_n) and n <= args.dynesty_max_n:
+                cached(
+                    f"dynesty_{name}_{n}_nlive{args.nlive}",
+                    lambda: ref_dict(
+                        run_dynesty(
+                            model.log_likelihood,
+                            model.prior_transform,
+                            model.ndim,
+                            nlive=args.nlive,
+                            seed=0,
+                            label=f"{name} n={n}",
+                        )
+                    ),
+                )
             elif part == "sgais":
                 for label, sampler in settings_for(n, args):
+
                     def go():
                         return {**sgais_runs(family, params, x, y, args.seeds, sampler), "commit": git_commit()}
+
                     cached(f"sgais_{name}_{n}_{label}_{settings_tag(sampler)}_seeds{args.seeds}", go)
 
 
@@ -197,13 +227,17 @@ def row(model: str, n: int, ref: dict, label: str, values: list[float], sg_sec: 
     diff = abs(mean - ref["log_z"])
     bound = max(3 * ref["err"], 1e-3 * abs(ref["log_z"]))
     verdict = "pass" if diff <= bound else f"FAIL ({diff / bound:.1f}x)"
-    return (f"| {model} | {n} | {ref['method']} | {ref['log_z']:.2f} ± {ref['err']:.2f} | {ref['seconds']:.0f} | "
-            f"{label} | {mean:.2f} ± {sd:.2f} | {sg_sec:.1f} | {diff:.2f} | {bound:.2f} | {verdict} | "
-            f"{ref['seconds'] / sg_sec:.1f} |")
+    return (
+        f"| {model} | {n} | {ref['method']} | {ref['log_z']:.2f} ± {ref['err']:.2f} | {ref['seconds']:.0f} | "
+        f"{label} | {mean:.2f} ± {sd:.2f} | {sg_sec:.1f} | {diff:.2f} | {bound:.2f} | {verdict} | "
+        f"{ref['seconds'] / sg_sec:.1f} |"
+    )
 
 
-HEADER = ("| model | n | reference | ref log Z ± err | ref s | SGAIS setting | SGAIS log Z (mean ± sd) | SGAIS s | "
-          "\\|diff\\| | bound | result | speed-up |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| model | n | reference | ref log Z ± err | ref s | SGAIS setting | SGAIS log Z (mean ± sd) | SGAIS s | "
+    "\\|diff\\| | bound | result | speed-up |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def load(key: str) -> dict | None:
@@ -218,34 +252,48 @@ def table(sizes: list[int], args) -> str:
     for path in checks:
         chk = json.loads(path.read_text())
         diff = chk["log_z"] - chk["exact"]
-        notes.append(f"check (44-parameter linear regression, n=1000, {chk['method']}): exact {chk['exact']:.2f}, "
-                     f"dynesty {chk['log_z']:.2f} ± {chk['err']:.2f}, diff {diff:+.2f} "
-                     f"({'within' if abs(diff) <= 3 * chk['err'] else 'OUTSIDE'} 3 err), {chk['seconds']:.0f} s")
+        notes.append(
+            f"check (44-parameter linear regression, n=1000, {chk['method']}): exact {chk['exact']:.2f}, "
+            f"dynesty {chk['log_z']:.2f} ± {chk['err']:.2f}, diff {diff:+.2f} "
+            f"({'within' if abs(diff) <= 3 * chk['err'] else 'OUTSIDE'} 3 err), {chk['seconds']:.0f} s"
+        )
     if not checks:
         notes.append("check: not run")
     names = {"logistic": "logistic d=10 K=4", "gmm": "gmm K=5 d=2"}
     for n in sizes:
         for name in ("logistic", "gmm"):
-            refs = [r for r in [load(f"is_{name}_{n}")] + [json.loads(p.read_text()) for p in
-                                                             sorted(RESULTS.glob(f"dynesty_{name}_{n}_nlive*.json"))] if r]
+            refs = [
+                r
+                for r in [load(f"is_{name}_{n}")]
+                + [json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"dynesty_{name}_{n}_nlive*.json"))]
+                if r
+            ]
             if len(refs) == 2:
-                notes.append(f"{name} n={n}: IS {refs[0]['log_z']:.2f} ± {refs[0]['err']:.2f} vs dynesty "
-                             f"{refs[1]['log_z']:.2f} ± {refs[1]['err']:.2f} (diff {refs[0]['log_z'] - refs[1]['log_z']:+.2f})")
+                notes.append(
+                    f"{name} n={n}: IS {refs[0]['log_z']:.2f} ± {refs[0]['err']:.2f} vs dynesty "
+                    f"{refs[1]['log_z']:.2f} ± {refs[1]['err']:.2f} (diff {refs[0]['log_z'] - refs[1]['log_z']:+.2f})"
+                )
             for label, sampler in settings_for(n, args):
                 # every engine version measured for this setting (defaults change as the engine evolves)
-                found = sorted(RESULTS.glob(f"sgais_{name}_{n}_{label}_*_seeds{args.seeds}.json"),
-                               key=lambda p: p.stat().st_mtime)
+                found = sorted(
+                    RESULTS.glob(f"sgais_{name}_{n}_{label}_*_seeds{args.seeds}.json"), key=lambda p: p.stat().st_mtime
+                )
                 if not found:
                     notes.append(f"{name} n={n} SGAIS {label}: not run")
                 current = settings_tag(sampler)
                 for path in found:
                     sg = json.loads(path.read_text())
-                    shown = label if path.stem.endswith(f"{current}_seeds{args.seeds}") else \
-                        f"{label} (settings {path.stem.split('_')[-2]})"
-                    notes.append(f"{name} n={n} SGAIS {shown} (commit {sg['commit']}, M={sg['settings']['particles']}, "
-                                 f"warm-up M={sg['settings'].get('warmup_particles')}, "
-                                 f"preconditioning={sg['settings'].get('preconditioning', 'n/a')}): "
-                                 + ", ".join(f"{v:.2f}" for v in sg["values"]))
+                    shown = (
+                        label
+                        if path.stem.endswith(f"{current}_seeds{args.seeds}")
+                        else f"{label} (settings {path.stem.split('_')[-2]})"
+                    )
+                    notes.append(
+                        f"{name} n={n} SGAIS {shown} (commit {sg['commit']}, M={sg['settings']['particles']}, "
+                        f"warm-up M={sg['settings'].get('warmup_particles')}, "
+                        f"preconditioning={sg['settings'].get('preconditioning', 'n/a')}): "
+                        + ", ".join(f"{v:.2f}" for v in sg["values"])
+                    )
                     for ref in refs:
                         lines.append(row(names[name], n, ref, shown, sg["values"], sg["seconds"]))
             if not refs:
@@ -258,16 +306,29 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="n = 1000 only")
     ap.add_argument("--seeds", type=int, default=3, help="SGAIS seeds per setting")
     ap.add_argument("--nlive", type=int, default=100, help="dynesty live points")
-    ap.add_argument("--particles-extra", type=int, default=100,
-                    help="also run SGAIS with this many particles (0 = skip)")
+    ap.add_argument(
+        "--particles-extra", type=int, default=100, help="also run SGAIS with this many particles (0 = skip)"
+    )
     ap.add_argument("--extra-max-n", type=int, default=1000, help="largest n for the extra SGAIS setting")
-    ap.add_argument("--dynesty-logistic-max-n", type=int, default=0,
-                    help="dynesty on logistic regression only up to this n (the IS reference covers larger n)")
-    ap.add_argument("--dynesty-max-n", type=int, default=1000,
-                    help="dynesty only up to this n (n=10^4 takes hours on a shared 2-core machine)")
+    ap.add_argument(
+        "--dynesty-logistic-max-n",
+        type=int,
+        default=0,
+        help="dynesty on logistic regression only up to this n (the IS reference covers larger n)",
+    )
+    ap.add_argument(
+        "--dynesty-max-n",
+        type=int,
+        default=1000,
+        help="dynesty only up to this n (n=10^4 takes hours on a shared 2-core machine)",
+    )
     ap.add_argument("--models", nargs="+", choices=("logistic", "gmm"), default=["logistic", "gmm"])
-    ap.add_argument("--part", choices=PARTS + ("table", "all"), default="all",
-                    help="run one part (results cached in bench/results/reference/) or print the table")
+    ap.add_argument(
+        "--part",
+        choices=PARTS + ("table", "all"),
+        default="all",
+        help="run one part (results cached in bench/results/reference/) or print the table",
+    )
     args = ap.parse_args()
     sizes = [1000] if args.quick else [1000, 10_000]
     parts = PARTS[:-1] if args.part == "all" else () if args.part == "table" else (args.part,)

@@ -151,8 +151,15 @@ def logistic_data(n: int, d: int, classes: int, seed: int) -> tuple[np.ndarray, 
 class MixtureModel:
     """Diagonal Gaussian mixture; cube coordinates ``[K-1 sticks | K*d variances | K*d means]``."""
 
-    def __init__(self, y: np.ndarray, components: int, alpha: float = 1.0, shape: float = 1.0,
-                 scale: float = 1.0, mean_scale: float = 4.0):
+    def __init__(
+        self,
+        y: np.ndarray,
+        components: int,
+        alpha: float = 1.0,
+        shape: float = 1.0,
+        scale: float = 1.0,
+        mean_scale: float = 4.0,
+    ):
         self.n, self.d = y.shape
         self.k = components
         self.alpha, self.shape, self.scale, self.mean_scale = alpha, shape, scale, mean_scale
@@ -200,14 +207,20 @@ def mixture_data(n: int, dim: int, components: int, seed: int) -> tuple[np.ndarr
 
 
 # ------------------------------------------------------------------------------------ methods
-def run_dynesty(loglike, prior_transform, ndim: int, *, nlive: int, seed: int, label: str,
-                dlogz: float | None = None) -> Reference:
+def run_dynesty(
+    loglike, prior_transform, ndim: int, *, nlive: int, seed: int, label: str, dlogz: float | None = None
+) -> Reference:
     """Static nested sampling with ``bound="multi"``, ``sample="slice"``; log Z ± dynesty's logzerr."""
     import dynesty
 
     start = time.perf_counter()
     sampler = dynesty.NestedSampler(
-        loglike, prior_transform, ndim, nlive=nlive, bound="multi", sample="slice",
+        loglike,
+        prior_transform,
+        ndim,
+        nlive=nlive,
+        bound="multi",
+        sample="slice",
         rstate=np.random.default_rng(seed),
     )
     sampler.run_nested(dlogz=dlogz, print_progress=False)
@@ -215,13 +228,17 @@ def run_dynesty(loglike, prior_transform, ndim: int, *, nlive: int, seed: int, l
     seconds = time.perf_counter() - start
     ncall = int(np.sum(res.ncall))
     return Reference(
-        f"dynesty slice nlive={nlive}", float(res.logz[-1]), float(res.logzerr[-1]), seconds,
+        f"dynesty slice nlive={nlive}",
+        float(res.logz[-1]),
+        float(res.logzerr[-1]),
+        seconds,
         f"{label}: {res.niter} iterations, {ncall} likelihood calls",
     )
 
 
-def laplace_t_importance(model: LogisticModel, *, draws: int = 20_000, df: float = 5.0, seed: int = 0,
-                         chunk: int = 250) -> Reference:
+def laplace_t_importance(
+    model: LogisticModel, *, draws: int = 20_000, df: float = 5.0, seed: int = 0, chunk: int = 250
+) -> Reference:
     """Student-t importance sampler centred at the posterior mode, scale = inverse Hessian.
 
     ``log Z = log mean_s p(y|theta_s) p(theta_s) / q(theta_s)``; ``err`` is the delta-method
@@ -230,8 +247,9 @@ def laplace_t_importance(model: LogisticModel, *, draws: int = 20_000, df: float
     """
     start = time.perf_counter()
     fun = lambda t: model.neg_log_post_grad_hess(t)[:2]  # noqa: E731
-    opt = optimize.minimize(fun, np.zeros(model.ndim), jac=True, method="L-BFGS-B",
-                            options={"maxiter": 10_000, "gtol": 1e-9})
+    opt = optimize.minimize(
+        fun, np.zeros(model.ndim), jac=True, method="L-BFGS-B", options={"maxiter": 10_000, "gtol": 1e-9}
+    )
     mode = opt.x
     _, grad, hess = model.neg_log_post_grad_hess(mode)
     cov = np.linalg.inv(hess)
@@ -239,16 +257,19 @@ def laplace_t_importance(model: LogisticModel, *, draws: int = 20_000, df: float
     proposal = stats.multivariate_t(loc=mode, shape=cov, df=df, seed=np.random.default_rng(seed))
     thetas = np.atleast_2d(proposal.rvs(size=draws))
     log_q = proposal.logpdf(thetas)
-    log_target = np.concatenate([
-        model.log_likelihood_many(thetas[i : i + chunk]) for i in range(0, draws, chunk)
-    ]) + model.log_prior_many(thetas)
+    log_target = np.concatenate(
+        [model.log_likelihood_many(thetas[i : i + chunk]) for i in range(0, draws, chunk)]
+    ) + model.log_prior_many(thetas)
     lw = log_target - log_q
     log_z = float(special.logsumexp(lw) - np.log(draws))
     w = np.exp(lw - lw.max())
     err = float(w.std() / (np.sqrt(draws) * w.mean()))
     ess = float(w.sum() ** 2 / (w**2).sum())
     return Reference(
-        f"Laplace-t IS df={df:g} S={draws}", log_z, err, time.perf_counter() - start,
+        f"Laplace-t IS df={df:g} S={draws}",
+        log_z,
+        err,
+        time.perf_counter() - start,
         f"|grad| at mode {np.linalg.norm(grad):.1e}, ESS {ess:.0f}/{draws}",
     )
 
@@ -277,9 +298,11 @@ class MixtureUnconstrained:
         k, kd = m.k, m.k * m.d
         v, log_j = self.to_physical(phi)
         sticks, var, mu = v[: k - 1], v[k - 1 : k - 1 + kd], v[k - 1 + kd :]
-        lp = (stats.beta.logpdf(sticks, m.alpha, m.beta_b).sum()
-              + stats.invgamma.logpdf(var, m.shape, scale=m.scale).sum()
-              + stats.norm.logpdf(mu, 0.0, np.sqrt(m.mean_scale * var)).sum())
+        lp = (
+            stats.beta.logpdf(sticks, m.alpha, m.beta_b).sum()
+            + stats.invgamma.logpdf(var, m.shape, scale=m.scale).sum()
+            + stats.norm.logpdf(mu, 0.0, np.sqrt(m.mean_scale * var)).sum()
+        )
         out = m.log_likelihood(v) + lp + log_j
         return float(out) if np.isfinite(out) else -1e300
 
@@ -299,13 +322,15 @@ def numerical_hessian(f, x: np.ndarray, h: float = 1e-3) -> np.ndarray:
     for i in range(d):
         hess[i, i] = (f(x + e[i]) - 2 * f0 + f(x - e[i])) / h**2
         for j in range(i):
-            hess[i, j] = hess[j, i] = (f(x + e[i] + e[j]) - f(x + e[i] - e[j]) - f(x - e[i] + e[j])
-                                       + f(x - e[i] - e[j])) / (4 * h**2)
+            hess[i, j] = hess[j, i] = (
+                f(x + e[i] + e[j]) - f(x + e[i] - e[j]) - f(x - e[i] + e[j]) + f(x - e[i] - e[j])
+            ) / (4 * h**2)
     return hess
 
 
-def mixture_mode_importance(model: MixtureModel, truth: dict, *, draws: int = 20_000, df: float = 5.0,
-                            seed: int = 0) -> Reference:
+def mixture_mode_importance(
+    model: MixtureModel, truth: dict, *, draws: int = 20_000, df: float = 5.0, seed: int = 0
+) -> Reference:
     """Student-t IS around ONE label-switching mode, times K! (the symmetric copies).
 
     Valid when the K! permuted modes are disjoint (well-separated components at this n) and no
@@ -326,6 +351,9 @@ def mixture_mode_importance(model: MixtureModel, truth: dict, *, draws: int = 20
     err = float(w.std() / (np.sqrt(draws) * w.mean()))
     ess = float(w.sum() ** 2 / (w**2).sum())
     return Reference(
-        f"one-mode t IS x K! df={df:g} S={draws}", log_z, err, time.perf_counter() - start,
+        f"one-mode t IS x K! df={df:g} S={draws}",
+        log_z,
+        err,
+        time.perf_counter() - start,
         f"optimiser {'ok' if opt.success else opt.message}, ESS {ess:.0f}/{draws}",
     )

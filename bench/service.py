@@ -73,7 +73,18 @@ def free_port() -> int:
 
 def start_server(port: int, redis_url: str | None, data_dir: str) -> subprocess.Popen:
     env = {**os.environ, "SGAIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port), "--workers", "1", "--data-dir", data_dir]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from service.cli import app; app()",
+        "serve",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--data-dir",
+        data_dir,
+    ]
     if redis_url:
         cmd += ["--redis-url", redis_url]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -89,8 +100,9 @@ def start_server(port: int, redis_url: str | None, data_dir: str) -> subprocess.
     raise RuntimeError("server did not become ready")
 
 
-def _watch_events(base: str, stream: str, n_models: int, n_chunks: int, ready: threading.Event,
-                  done: threading.Event) -> None:
+def _watch_events(
+    base: str, stream: str, n_models: int, n_chunks: int, ready: threading.Event, done: threading.Event
+) -> None:
     """Consume ``WS /v1/streams/{stream}/events`` until every model's evidence event reports
     ``chunks_processed == n_chunks``; then set ``done`` (how a client learns it without polling)."""
     # websockets directly: this script's name shadows the `service` package
@@ -108,8 +120,9 @@ def _watch_events(base: str, stream: str, n_models: int, n_chunks: int, ready: t
                     return
 
 
-def service_run(base: str, stream: str, chunks: list[dict], n_models: int, in_flight: int = 4,
-                wait: str = "events") -> tuple[float, float]:
+def service_run(
+    base: str, stream: str, chunks: list[dict], n_models: int, in_flight: int = 4, wait: str = "events"
+) -> tuple[float, float]:
     """Seconds from the first POST until every model of the stream has processed every chunk, and
     seconds spent posting.  ``in_flight`` concurrent POSTs (no ``seq``: arrival order is the stream
     order); bodies are JSON-encoded before the clock starts (client cost, not service cost).
@@ -124,8 +137,9 @@ def service_run(base: str, stream: str, chunks: list[dict], n_models: int, in_fl
     bodies = [json.dumps(c).encode() for c in chunks]
     ready, done = threading.Event(), threading.Event()
     if wait == "events":
-        watcher = threading.Thread(target=_watch_events, args=(base, stream, n_models, len(chunks), ready, done),
-                                   daemon=True)
+        watcher = threading.Thread(
+            target=_watch_events, args=(base, stream, n_models, len(chunks), ready, done), daemon=True
+        )
         watcher.start()
         ready.wait(30)
         time.sleep(0.2)  # the subscription is registered server-side after the handshake
@@ -137,8 +151,9 @@ def service_run(base: str, stream: str, chunks: list[dict], n_models: int, in_fl
             async def poster() -> None:
                 while queue:
                     body = queue.pop()
-                    res = await c.post(f"/v1/streams/{stream}/chunks", content=body,
-                                       headers={"content-type": "application/json"})
+                    res = await c.post(
+                        f"/v1/streams/{stream}/chunks", content=body, headers={"content-type": "application/json"}
+                    )
                     res.raise_for_status()
 
             await asyncio.gather(*(poster() for _ in range(in_flight)))
@@ -189,8 +204,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="bare/service pairs per model count (median ratio reported)")
     ap.add_argument("--models", default="1,10", help="comma-separated model counts on the stream")
     ap.add_argument("--redis-url", default=None, help="use this Redis instead of an embedded one")
-    ap.add_argument("--wait", choices=("events", "poll"), default="events",
-                    help="detect the end from the live event socket (default) or by polling GET /v1/streams/{s}")
+    ap.add_argument(
+        "--wait",
+        choices=("events", "poll"),
+        default="events",
+        help="detect the end from the live event socket (default) or by polling GET /v1/streams/{s}",
+    )
     args = ap.parse_args()
     # one intra-op thread on both sides: tiny tensors, and a shared 2-core machine where OpenMP
     # spin-waiting under load made the bare engine 10x slower than single-threaded
@@ -205,27 +224,38 @@ def main() -> None:
             for n_models in (int(m) for m in args.models.split(",")):
                 for rep in range(args.repeats):
                     t_bare = bare(chunks, n_models)
-                    t_service, t_post = service_run(f"http://127.0.0.1:{port}", f"s{n_models}-{rep}", chunks,
-                                                   n_models, wait=args.wait)
+                    t_service, t_post = service_run(
+                        f"http://127.0.0.1:{port}", f"s{n_models}-{rep}", chunks, n_models, wait=args.wait
+                    )
                     rows.append((n_models, t_bare, t_service, t_post))
             lat = asyncio.run(latency(f"http://127.0.0.1:{port}", chunks))
         finally:
             server.terminate()
             server.wait(timeout=30)
-    print(f"\nIngest: {args.chunks} chunks x {CHUNK} obs = {n_obs} observations, linear_regression "
-          f"features={FEATURES}, default sampler (M=10, burn_in=20)")
-    print(f"{'models':>6} | {'bare s':>8} | {'service s':>9} | {'posting s':>9} | {'bare obs/s':>10} | "
-          f"{'service obs/s':>13} | ratio")
+    print(
+        f"\nIngest: {args.chunks} chunks x {CHUNK} obs = {n_obs} observations, linear_regression "
+        f"features={FEATURES}, default sampler (M=10, burn_in=20)"
+    )
+    print(
+        f"{'models':>6} | {'bare s':>8} | {'service s':>9} | {'posting s':>9} | {'bare obs/s':>10} | "
+        f"{'service obs/s':>13} | ratio"
+    )
     for n_models, t_bare, t_service, t_post in rows:
-        print(f"{n_models:>6} | {t_bare:8.2f} | {t_service:9.2f} | {t_post:9.2f} | {n_obs / t_bare:10.0f} | "
-              f"{n_obs / t_service:13.0f} | {t_service / t_bare:.3f}")
+        print(
+            f"{n_models:>6} | {t_bare:8.2f} | {t_service:9.2f} | {t_post:9.2f} | {n_obs / t_bare:10.0f} | "
+            f"{n_obs / t_service:13.0f} | {t_service / t_bare:.3f}"
+        )
     for n_models in sorted({r[0] for r in rows}):
         ratios = [r[2] / r[1] for r in rows if r[0] == n_models]
-        print(f"{n_models} model(s): median ratio {statistics.median(ratios):.3f} over {len(ratios)} repeats "
-              f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target <= 1.25")
+        print(
+            f"{n_models} model(s): median ratio {statistics.median(ratios):.3f} over {len(ratios)} repeats "
+            f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target <= 1.25"
+        )
     q = statistics.quantiles(lat, n=100)
-    print(f"\nPOST latency, 16 concurrent clients x 20 chunks of {CHUNK} obs: "
-          f"p50 {1000 * statistics.median(lat):.1f} ms, p99 {1000 * q[98]:.1f} ms (n={len(lat)})")
+    print(
+        f"\nPOST latency, 16 concurrent clients x 20 chunks of {CHUNK} obs: "
+        f"p50 {1000 * statistics.median(lat):.1f} ms, p99 {1000 * q[98]:.1f} ms (n={len(lat)})"
+    )
 
 
 if __name__ == "__main__":

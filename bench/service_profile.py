@@ -81,8 +81,11 @@ def self_cpu() -> float:
 
 def start_api(port: int, data_dir: str, prefix: str, log_path: Path, prof: Path | None) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "SGAIS_KEY_PREFIX": prefix, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable] + (["-m", "cProfile", "-o", str(prof)] if prof else []) + [
-        "-m", "service.cli", "serve", "--port", str(port), "--workers", "0", "--data-dir", data_dir]
+    cmd = (
+        [sys.executable]
+        + (["-m", "cProfile", "-o", str(prof)] if prof else [])
+        + ["-m", "service.cli", "serve", "--port", str(port), "--workers", "0", "--data-dir", data_dir]
+    )
     out = log_path.open("w")
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -96,9 +99,11 @@ def start_api(port: int, data_dir: str, prefix: str, log_path: Path, prof: Path 
 
 
 # cProfile on the CPU clock (time.process_time) instead of the wall clock; the worker exits its loop on SIGTERM
-_CPU_PROFILE = ("import cProfile, runpy, sys, time; p = cProfile.Profile(time.process_time); p.enable()\n"
-                "try: runpy.run_module('workers.runner', run_name='__main__')\n"
-                "finally: p.disable(); p.dump_stats(sys.argv[1])")
+_CPU_PROFILE = (
+    "import cProfile, runpy, sys, time; p = cProfile.Profile(time.process_time); p.enable()\n"
+    "try: runpy.run_module('workers.runner', run_name='__main__')\n"
+    "finally: p.disable(); p.dump_stats(sys.argv[1])"
+)
 
 
 def start_worker(redis_url: str, prefix: str, prof: Path | None, clock: str = "wall") -> subprocess.Popen:
@@ -154,9 +159,15 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=100, help="500-observation chunks per run")
     ap.add_argument("--no-cprofile", action="store_true", help="measure CPU seconds only")
     ap.add_argument("--top", type=int, default=0, help="also print the top N functions by internal time")
-    ap.add_argument("--cprofile-api", action="store_true", help="also run the API under cProfile and print its top functions")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="the worker's cProfile clock: wall (time waiting on Redis shows) or CPU (process time)")
+    ap.add_argument(
+        "--cprofile-api", action="store_true", help="also run the API under cProfile and print its top functions"
+    )
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="the worker's cProfile clock: wall (time waiting on Redis shows) or CPU (process time)",
+    )
     ap.add_argument("--keep", type=Path, default=None, help="write worker.prof / api.prof into this directory")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -199,8 +210,10 @@ def main() -> None:
             api.send_signal(signal.SIGTERM)
             api.wait(timeout=60)
         model_chunks = 11 * args.chunks
-        print(f"\n{args.chunks} chunks x {bench.CHUNK} obs; 1 model then 10 models on one stream "
-              f"({model_chunks} model-chunks)")
+        print(
+            f"\n{args.chunks} chunks x {bench.CHUNK} obs; 1 model then 10 models on one stream "
+            f"({model_chunks} model-chunks)"
+        )
         for n_models, t_service, t_post in rows:
             print(f"  {n_models:2d} models: service {t_service:6.2f} s (posting {t_post:.2f} s)")
         print(f"\nCPU seconds over both runs ({t_all:.2f} s wall):")
@@ -212,9 +225,13 @@ def main() -> None:
             run, wait = (sched1[k][i] - sched0[k][i] for i in (0, 1))
             print(f"  {k:7} {run:7.2f} s / {wait:7.2f} s / {t_all - run - wait:7.2f} s")
         service_cpu = sum(cpu1[k] - cpu0[k] for k in ("worker", "api", "redis"))
-        print(f"  bare engine {bare_cpu:7.2f} s  {1000 * bare_cpu / model_chunks:7.3f} ms/model-chunk (same chunks, after)")
-        print(f"  CPU ratio worker / bare {(cpu1['worker'] - cpu0['worker']) / bare_cpu:.3f}, "
-              f"worker + API + Redis / bare {service_cpu / bare_cpu:.3f}")
+        print(
+            f"  bare engine {bare_cpu:7.2f} s  {1000 * bare_cpu / model_chunks:7.3f} ms/model-chunk (same chunks, after)"
+        )
+        print(
+            f"  CPU ratio worker / bare {(cpu1['worker'] - cpu0['worker']) / bare_cpu:.3f}, "
+            f"worker + API + Redis / bare {service_cpu / bare_cpu:.3f}"
+        )
         print("\nRedis commandstats (calls, server usec total, usec/call):")
         for name, st in sorted(cmdstats.items(), key=lambda kv: -kv[1]["usec"]):
             print(f"  {name.removeprefix('cmdstat_'):22} {st['calls']:8d} {st['usec']:10d} {st['usec_per_call']:8.1f}")

@@ -40,8 +40,9 @@ async def post_all(base: str, bodies: list[bytes], in_flight: int = 4) -> None:
 
         async def poster() -> None:
             while queue:
-                res = await c.post("/v1/streams/s/chunks", content=queue.pop(),
-                                   headers={"content-type": "application/json"})
+                res = await c.post(
+                    "/v1/streams/s/chunks", content=queue.pop(), headers={"content-type": "application/json"}
+                )
                 res.raise_for_status()
 
         await asyncio.gather(*(poster() for _ in range(in_flight)))
@@ -78,13 +79,17 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
-    print(f"bare engine {t_bare:.2f} s; service {seen[-1][0]:.2f} s (ratio {seen[-1][0] / t_bare:.2f}); "
-          f"posting ended at {t1 - t0:.2f} s with {seen[0][1]} chunks absorbed")
+    print(
+        f"bare engine {t_bare:.2f} s; service {seen[-1][0]:.2f} s (ratio {seen[-1][0] / t_bare:.2f}); "
+        f"posting ended at {t1 - t0:.2f} s with {seen[0][1]} chunks absorbed"
+    )
     for q in (25, 50, 75, 100):
         k = len(chunks) * q // 100
         print(f"  {k} absorbed at {next(t for t, n in seen if n >= k):.2f} s")
-    print(f"worker while posting: running {s1[0] - s0[0]:.2f} s, waiting for a CPU {s1[1] - s0[1]:.2f} s "
-          f"of {t1 - t0:.2f} s; after: running {s2[0] - s1[0]:.2f} s, waiting {s2[1] - s1[1]:.2f} s of {t2 - t1:.2f} s")
+    print(
+        f"worker while posting: running {s1[0] - s0[0]:.2f} s, waiting for a CPU {s1[1] - s0[1]:.2f} s "
+        f"of {t1 - t0:.2f} s; after: running {s2[0] - s1[0]:.2f} s, waiting {s2[1] - s1[1]:.2f} s of {t2 - t1:.2f} s"
+    )
     ms = [1000 * r["seconds"] for r in trace]
     print(f"engine ms of the first 12 blocks: {[round(m, 1) for m in ms[:12]]}; median {statistics.median(ms):.1f}")
 

@@ -20,7 +20,7 @@ averaged; a true positive matches at most one prediction (no double counting).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 
 def matched(truth: Iterable[int], predicted: Iterable[int], margin: int = 5) -> set[int]:
@@ -36,7 +36,9 @@ def matched(truth: Iterable[int], predicted: Iterable[int], margin: int = 5) -> 
     return hits
 
 
-def precision_recall(annotations: Mapping[str, Iterable[int]], predicted: Iterable[int], margin: int = 5) -> tuple[float, float]:
+def precision_recall(
+    annotations: Mapping[str, Iterable[int]], predicted: Iterable[int], margin: int = 5
+) -> tuple[float, float]:
     """(precision against the union of annotators, recall averaged over annotators)."""
     per = [set(a) | {0} for a in annotations.values()]
     union = set().union(*per)

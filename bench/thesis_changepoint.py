@@ -53,14 +53,23 @@ def make_data(scale: float, seed: int) -> tuple[torch.Tensor, list[int]]:
 
 
 def run(y: torch.Tensor, components: int, block: int, seed: int, sampler: dict | None = None) -> dict:
-    eng = ModelEngine("gmm", {"dim": 1, "components": components, "mean_scale": 16.0},
-                      {"block_size": block, "seed": seed, **(sampler or {})})
+    eng = ModelEngine(
+        "gmm",
+        {"dim": 1, "components": components, "mean_scale": 16.0},
+        {"block_size": block, "seed": seed, **(sampler or {})},
+    )
     state, found, trace = alerts.initial_state(), [], []
     settings = alerts.AlertSettings()
     t0 = time.perf_counter()
     for b, info in enumerate(eng.update(None, y.tolist())):
-        row = {"first_index": b * block, "observations": info.observations, "log_predictive": info.log_predictive,
-               "annealing_steps": info.annealing_steps, "ess": info.ess, "reannealed": info.reannealed}
+        row = {
+            "first_index": b * block,
+            "observations": info.observations,
+            "log_predictive": info.log_predictive,
+            "annealing_steps": info.annealing_steps,
+            "ess": info.ess,
+            "reannealed": info.reannealed,
+        }
         state, new = alerts.detect(state, settings, row)
         found += new
         trace.append({**row, "log_evidence": info.log_evidence})
@@ -72,7 +81,9 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the thesis's data sizes")
     ap.add_argument("--block", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sampler", default="{}", help="SGAIS settings overrides as JSON, e.g. '{\"reanneal_steps\": null}'")
+    ap.add_argument(
+        "--sampler", default="{}", help="SGAIS settings overrides as JSON, e.g. '{\"reanneal_steps\": null}'"
+    )
     ap.add_argument("--tag", default="", help="suffix of the saved result file")
     ap.add_argument("--rescore", action="store_true", help="re-run only the detector on the saved traces")
     args = ap.parse_args()
@@ -80,7 +91,10 @@ def main() -> None:
     saved = OUT / f"thesis_changepoint_{args.scale}_{args.seed}{args.tag}.json"
     if args.rescore:
         res = json.loads(saved.read_text())
-        res = {"changes": res["changes"], **{o: {int(k): v for k, v in res[o].items()} for o in ("in_order", "shuffled")}}
+        res = {
+            "changes": res["changes"],
+            **{o: {int(k): v for k, v in res[o].items()} for o in ("in_order", "shuffled")},
+        }
         for order in ("in_order", "shuffled"):
             for r in res[order].values():
                 state, r["alerts"] = alerts.initial_state(), []
@@ -97,10 +111,13 @@ def main() -> None:
             r = run(data, k, args.block, args.seed, json.loads(args.sampler))
             res[order][k] = r
             kinds = [(a["kind"], a["observation_index"]) for a in r["alerts"]]
-            print(f"{order:9s} gmm-{k}: log Z = {r['log_evidence']:.1f} ({r['seconds']:.0f} s); "
-                  f"max annealing steps {max(t['annealing_steps'] for t in r['trace'])}; "
-                  f"re-annealed at {[t['first_index'] + t['observations'] for t in r['trace'] if t.get('reannealed')]}; "
-                  f"alerts {kinds}", flush=True)
+            print(
+                f"{order:9s} gmm-{k}: log Z = {r['log_evidence']:.1f} ({r['seconds']:.0f} s); "
+                f"max annealing steps {max(t['annealing_steps'] for t in r['trace'])}; "
+                f"re-annealed at {[t['first_index'] + t['observations'] for t in r['trace'] if t.get('reannealed')]}; "
+                f"alerts {kinds}",
+                flush=True,
+            )
     OUT.mkdir(exist_ok=True)
     saved.write_text(json.dumps(res))
     report(res, args.block)
@@ -116,20 +133,27 @@ def report(res: dict, block: int) -> None:
     ok1 = all(near[c] for c in changes) and not stray
     print(f"[{'PASS' if ok1 else 'FAIL'}] gmm-3 alerts within one block of {changes}: {near}; elsewhere: {stray}")
     for k in (5, 7):
-        print(f"       (gmm-{k} in order alerts at {sorted({a['observation_index'] for a in res['in_order'][k]['alerts']})})")
+        print(
+            f"       (gmm-{k} in order alerts at {sorted({a['observation_index'] for a in res['in_order'][k]['alerts']})})"
+        )
     # 2. final model probabilities
     lz = {k: res["in_order"][k]["log_evidence"] for k in (3, 5, 7)}
     m = max(lz.values())
     p = {k: math.exp(v - m) / sum(math.exp(w - m) for w in lz.values()) for k, v in lz.items()}
     ok2 = max(p, key=p.get) in (5, 7)
-    print(f"[{'PASS' if ok2 else 'FAIL'}] final probabilities favour 5 or 7: "
-          + ", ".join(f"p(gmm-{k})={v:.3g} (log Z {lz[k]:.1f})" for k, v in p.items()))
+    print(
+        f"[{'PASS' if ok2 else 'FAIL'}] final probabilities favour 5 or 7: "
+        + ", ".join(f"p(gmm-{k})={v:.3g} (log Z {lz[k]:.1f})" for k, v in p.items())
+    )
     # 3. shuffled vs in order
     rel = {k: abs(res["shuffled"][k]["log_evidence"] - lz[k]) / abs(lz[k]) for k in (3, 5, 7)}
     ok3 = all(v <= 1e-3 for v in rel.values())
-    print(f"[{'PASS' if ok3 else 'FAIL'}] shuffled within 0.1% of in-order: "
-          + ", ".join(f"gmm-{k}: {res['shuffled'][k]['log_evidence']:.1f} vs {lz[k]:.1f} ({100 * v:.3f}%)"
-                      for k, v in rel.items()))
+    print(
+        f"[{'PASS' if ok3 else 'FAIL'}] shuffled within 0.1% of in-order: "
+        + ", ".join(
+            f"gmm-{k}: {res['shuffled'][k]['log_evidence']:.1f} vs {lz[k]:.1f} ({100 * v:.3f}%)" for k, v in rel.items()
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.base import Family, HyperParams, ObservationError, ParameterSpec, ParameterSpace
 from models.autoregressive import Autoregressive
+from models.base import Family, HyperParams, ObservationError, ParameterSpace, ParameterSpec
 from models.bnn import BayesianNeuralNetwork
 from models.gmm import GaussianMixture
 from models.linear_regression import LinearRegression
@@ -39,6 +39,12 @@ def make_family(name: str, params: dict[str, Any] | None = None) -> Family:
 
 
 __all__ = [
-    "FAMILIES", "Family", "HyperParams", "ObservationError", "ParameterSpec", "ParameterSpace",
-    "UnknownFamilyError", "make_family",
+    "FAMILIES",
+    "Family",
+    "HyperParams",
+    "ObservationError",
+    "ParameterSpec",
+    "ParameterSpace",
+    "UnknownFamilyError",
+    "make_family",
 ]

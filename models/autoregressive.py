@@ -27,7 +27,9 @@ from models.base import (
 
 class AutoregressiveParams(HyperParams):
     order: int = Field(..., ge=1, le=1_000, description="p, the number of lags")
-    noise_std: float | None = Field(None, gt=0, description="known noise std; null = unknown variance with an inverse-gamma prior")
+    noise_std: float | None = Field(
+        None, gt=0, description="known noise std; null = unknown variance with an inverse-gamma prior"
+    )
     prior_std: float = Field(1.0, gt=0, description="prior standard deviation of the coefficients and the intercept")
     variance_shape: float = Field(1.0, gt=0, description="shape of the inverse-gamma prior on the noise variance")
     variance_scale: float = Field(1.0, gt=0, description="scale of the inverse-gamma prior on the noise variance")
@@ -102,6 +104,8 @@ class Autoregressive(Family):
             "intercept": p.prior_std * torch.randn(M, generator=generator, dtype=dtype, device=device),
         }
         if not self.known_noise:
-            g = torch._standard_gamma(torch.full((M,), p.variance_shape, dtype=dtype, device=device), generator=generator)
+            g = torch._standard_gamma(
+                torch.full((M,), p.variance_shape, dtype=dtype, device=device), generator=generator
+            )
             out["variance"] = p.variance_scale / g.clamp_min(torch.finfo(dtype).tiny)
         return out

@@ -15,8 +15,9 @@ from __future__ import annotations
 import itertools
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -186,9 +187,7 @@ class Family(ABC):
         values, log_det = self.space.constrain(theta)
         return self.log_prior_constrained(values) + log_det
 
-    def log_likelihood(
-        self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor
-    ) -> torch.Tensor:
+    def log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         """``log p(y_b | x_b, theta_m)``: ``theta: [M, D]``, ``x: [B, d]``, ``y: [B, ...]`` -> ``[M, B]``."""
         values, _ = self.space.constrain(theta)
         return self.log_likelihood_constrained(values, x, y)

@@ -28,7 +28,9 @@ from models.base import (
 class BNNParams(HyperParams):
     features: int = Field(..., ge=1, le=10_000, description="d, the number of covariates")
     hidden: list[int] = Field([16], max_length=16, description="widths of the tanh hidden layers")
-    outputs: int = Field(..., ge=1, le=10_000, description="output units: 1+ for gaussian, the number of classes for categorical")
+    outputs: int = Field(
+        ..., ge=1, le=10_000, description="output units: 1+ for gaussian, the number of classes for categorical"
+    )
     likelihood: Literal["gaussian", "categorical"] = "gaussian"
     noise_std: float = Field(1.0, gt=0, description="known noise std of the gaussian likelihood")
     prior_std: float = Field(1.0, gt=0, description="prior standard deviation of every weight and bias")
@@ -41,7 +43,7 @@ class BNNParams(HyperParams):
         return v
 
     @model_validator(mode="after")
-    def _classes(self) -> "BNNParams":
+    def _classes(self) -> BNNParams:
         if self.likelihood == "categorical" and self.outputs < 2:
             raise ValueError("a categorical likelihood needs outputs >= 2 classes")
         return self

@@ -61,7 +61,7 @@ class LinearRegressionEvidence:
         self.yty = 0.0
         self.n = 0
 
-    def update(self, X, y) -> "LinearRegressionEvidence":
+    def update(self, X, y) -> LinearRegressionEvidence:
         """Add observations ``X: [B, d]``, ``y: [B]``; returns self."""
         A = _as_design(X)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
@@ -84,8 +84,11 @@ class LinearRegressionEvidence:
         z = np.linalg.solve(chol, b)  # bᵀ Λ⁻¹ b = |L⁻¹ b|²
         quad = self.yty / v2 - z @ z
         return float(
-            -0.5 * self.n * LOG_2PI - self.n * math.log(self.noise_std) - self.D * math.log(self.prior_std)
-            - 0.5 * logdet - 0.5 * quad
+            -0.5 * self.n * LOG_2PI
+            - self.n * math.log(self.noise_std)
+            - self.D * math.log(self.prior_std)
+            - 0.5 * logdet
+            - 0.5 * quad
         )
 
 
@@ -117,7 +120,9 @@ def gmm_one_component_log_evidence(
     mean = Y.mean(0) if n else np.zeros(Y.shape[1])
     ss = ((Y - mean) ** 2).sum(0)
     bn = b0 + 0.5 * ss + k0 * n * mean**2 / (2.0 * kn)
-    per_dim = gammaln(an) - gammaln(a0) + a0 * math.log(b0) - an * np.log(bn) + 0.5 * math.log(k0 / kn) - 0.5 * n * LOG_2PI
+    per_dim = (
+        gammaln(an) - gammaln(a0) + a0 * math.log(b0) - an * np.log(bn) + 0.5 * math.log(k0 / kn) - 0.5 * n * LOG_2PI
+    )
     return float(per_dim.sum())
 
 

@@ -84,11 +84,15 @@ class GaussianMixture(Family):
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params
         K, d = p.components, p.dim
-        g = torch._standard_gamma(torch.full((M, K), p.dirichlet_alpha, dtype=dtype, device=device), generator=generator)
+        g = torch._standard_gamma(
+            torch.full((M, K), p.dirichlet_alpha, dtype=dtype, device=device), generator=generator
+        )
         tiny = torch.finfo(dtype).tiny  # a Gamma draw can underflow to 0 for small shapes
         g = g.clamp_min(tiny)
         weights = g / g.sum(-1, keepdim=True)
-        gv = torch._standard_gamma(torch.full((M, K, d), p.variance_shape, dtype=dtype, device=device), generator=generator)
+        gv = torch._standard_gamma(
+            torch.full((M, K, d), p.variance_shape, dtype=dtype, device=device), generator=generator
+        )
         var = p.variance_scale / gv.clamp_min(tiny)  # InvGamma(shape, scale) = scale / Gamma(shape, 1)
         means = torch.sqrt(p.mean_scale * var) * torch.randn(M, K, d, generator=generator, dtype=dtype, device=device)
         return {"weights": weights, "means": means, "variances": var}

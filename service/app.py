@@ -54,9 +54,10 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             await app.state.redis.aclose()
 
     app = FastAPI(
-        title="sgais", version="1",
+        title="sgais",
+        version="1",
         description="Streaming evidence service: running log-evidence, model probabilities and change-point "
-                    "alerts by SGAIS (API.md).",
+        "alerts by SGAIS (API.md).",
         lifespan=lifespan,
     )
     app.state.settings = settings  # what the SettingsDep dependency returns

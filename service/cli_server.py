@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -31,12 +31,18 @@ def embedded_redis(data_dir: Path):
 
 @app.command()
 def serve(
-    host: Annotated[Optional[str], typer.Option(help="bind address [SGAIS_HOST, default 127.0.0.1]")] = None,
-    port: Annotated[Optional[int], typer.Option(help="port [SGAIS_PORT, default 8000]")] = None,
-    redis_url: Annotated[Optional[str], typer.Option(help="Redis URL; omitted = embedded Redis under --data-dir")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="embedded Redis files [SGAIS_DATA_DIR, ./sgais-data]")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="workers started with the API; 0 = API only [SGAIS_WORKERS, 1]")] = None,
-    worker_mode: Annotated[Optional[str], typer.Option(help="process (default) or thread [SGAIS_WORKER_MODE]")] = None,
+    host: Annotated[str | None, typer.Option(help="bind address [SGAIS_HOST, default 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="port [SGAIS_PORT, default 8000]")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis URL; omitted = embedded Redis under --data-dir")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="embedded Redis files [SGAIS_DATA_DIR, ./sgais-data]")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="workers started with the API; 0 = API only [SGAIS_WORKERS, 1]")
+    ] = None,
+    worker_mode: Annotated[str | None, typer.Option(help="process (default) or thread [SGAIS_WORKER_MODE]")] = None,
 ) -> None:
     """Run the HTTP/WebSocket API with N workers (and an embedded Redis unless --redis-url).
 
@@ -49,8 +55,13 @@ def serve(
     from service.app import create_app
     from workers.config import get_settings
 
-    overrides = {k: v for k, v in dict(host=host, port=port, redis_url=redis_url, data_dir=data_dir,
-                                       workers=workers, worker_mode=worker_mode).items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in dict(
+            host=host, port=port, redis_url=redis_url, data_dir=data_dir, workers=workers, worker_mode=worker_mode
+        ).items()
+        if v is not None
+    }
     settings = get_settings().model_copy(update=overrides)
     server = None
     children: list[subprocess.Popen] = []
@@ -67,14 +78,18 @@ def serve(
         if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.tenants_by_key():
             typer.echo("warning: no SGAIS_API_KEYS set and binding beyond loopback: the API is open", err=True)
         if settings.worker_mode == "process":
-            env = {**os.environ, "SGAIS_REDIS_URL": settings.redis_url, "SGAIS_KEY_PREFIX": settings.key_prefix,
-                   "SGAIS_DEVICE": settings.device}
+            env = {
+                **os.environ,
+                "SGAIS_REDIS_URL": settings.redis_url,
+                "SGAIS_KEY_PREFIX": settings.key_prefix,
+                "SGAIS_DEVICE": settings.device,
+            }
             if settings.torch_threads:
                 env["SGAIS_TORCH_THREADS"] = str(settings.torch_threads)
-            children = [subprocess.Popen([sys.executable, "-m", "workers.runner"], env=env)
-                        for _ in range(settings.workers)]
-        uvicorn.run(create_app(settings, workers=threads), host=settings.host, port=settings.port,
-                    log_level="info")
+            children = [
+                subprocess.Popen([sys.executable, "-m", "workers.runner"], env=env) for _ in range(settings.workers)
+            ]
+        uvicorn.run(create_app(settings, workers=threads), host=settings.host, port=settings.port, log_level="info")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         for child in children:
@@ -90,8 +105,10 @@ def serve(
 
 @app.command()
 def worker(
-    redis_url: Annotated[Optional[str], typer.Option(help="Redis URL [SGAIS_REDIS_URL]")] = None,
-    metrics_port: Annotated[Optional[int], typer.Option(help="serve Prometheus metrics here [SGAIS_METRICS_PORT]")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL [SGAIS_REDIS_URL]")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="serve Prometheus metrics here [SGAIS_METRICS_PORT]")
+    ] = None,
 ) -> None:
     """Run one worker alone (scale-out): leases models and absorbs their chunks until SIGTERM."""
     from workers.config import get_settings

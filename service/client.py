@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 
@@ -31,9 +32,9 @@ class ApiError(Exception):
 
 def _ws_url(base_url: str) -> str:
     if base_url.startswith("https://"):
-        return "wss://" + base_url[len("https://"):]
+        return "wss://" + base_url[len("https://") :]
     if base_url.startswith("http://"):
-        return "ws://" + base_url[len("http://"):]
+        return "ws://" + base_url[len("http://") :]
     return base_url
 
 
@@ -60,7 +61,7 @@ class SgaisClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "SgaisClient":
+    def __enter__(self) -> SgaisClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -102,8 +103,14 @@ class SgaisClient:
 
     # ----- models -----------------------------------------------------------------------------
     def create_model(
-        self, name: str, *, family: str, params: dict[str, Any] | None = None, stream: str | None = None,
-        sampler: dict[str, Any] | None = None, prior_probability: float | None = None,
+        self,
+        name: str,
+        *,
+        family: str,
+        params: dict[str, Any] | None = None,
+        stream: str | None = None,
+        sampler: dict[str, Any] | None = None,
+        prior_probability: float | None = None,
         alerts: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``POST /v1/models`` → the model resource. 409 duplicate, 422 invalid (as :class:`ApiError`)."""
@@ -129,8 +136,13 @@ class SgaisClient:
 
     # ----- chunks -----------------------------------------------------------------------------
     def post_chunk(
-        self, stream: str | None = None, *, y: list[Any], x: list[list[float]] | None = None,
-        seq: int | None = None, model: str | None = None,
+        self,
+        stream: str | None = None,
+        *,
+        y: list[Any],
+        x: list[list[float]] | None = None,
+        seq: int | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]:
         """Post a chunk to ``stream`` (or to ``model``'s stream): ``{"stream", "seq", "first_index", ...}``."""
         if (stream is None) == (model is None):
@@ -153,7 +165,9 @@ class SgaisClient:
 
     def trace(self, model: str, *, since_index: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         """One page of ``GET /v1/models/{model}/trace``."""
-        return self._json("GET", f"/v1/models/{model}/trace", params={"since_index": since_index, "limit": limit})["items"]
+        return self._json("GET", f"/v1/models/{model}/trace", params={"since_index": since_index, "limit": limit})[
+            "items"
+        ]
 
     def full_trace(self, model: str, *, page: int = 1000) -> list[dict[str, Any]]:
         """Every trace row, following the pages (the next page starts at the last row's ``observations``)."""
@@ -173,10 +187,16 @@ class SgaisClient:
         return self._json("GET", f"/v1/streams/{stream}/posterior")
 
     def alerts(
-        self, *, stream: str | None = None, model: str | None = None, kind: str | None = None,
+        self,
+        *,
+        stream: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
         since: str | int | None = None,
     ) -> list[dict[str, Any]]:
-        params = {k: v for k, v in {"stream": stream, "model": model, "kind": kind, "since": since}.items() if v is not None}
+        params = {
+            k: v for k, v in {"stream": stream, "model": model, "kind": kind, "since": since}.items() if v is not None
+        }
         return self._json("GET", "/v1/alerts", params=params)["items"]
 
     def wait_until_processed(self, stream: str, *, timeout: float = 300.0, poll: float = 0.2) -> dict[str, Any]:

@@ -18,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -60,9 +61,23 @@ def local_service(workers: int = 2, startup_timeout: float = 90.0) -> Iterator[s
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", SGAIS_API_KEYS="")
     log = (tmp / "serve.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from service.cli import app; app()", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--data-dir", str(tmp / "data"), "--workers", str(workers)],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        [
+            sys.executable,
+            "-c",
+            "from service.cli import app; app()",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp / "data"),
+            "--workers",
+            str(workers),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -105,14 +120,23 @@ def _status_table(c: SgaisClient, streams: dict[str, dict]) -> Table:
         except ApiError:
             continue
         done = min((m["observations_processed"] for m in st["models"]), default=0)
-        models = "  ".join(f"{m['model'].split('.')[-1]} {m['log_evidence']:.1f} ({m['probability']:.2f})"
-                           for m in post.get("models", []))
+        models = "  ".join(
+            f"{m['model'].split('.')[-1]} {m['log_evidence']:.1f} ({m['probability']:.2f})"
+            for m in post.get("models", [])
+        )
         table.add_row(name, f"{done}/{info['n']}", models, str(n_alerts))
     return table
 
 
-def run_demo(out: Path, *, quick: bool = False, url: str | None = None, api_key: str | None = None,
-             console: Console | None = None, timeout: float = 600.0) -> dict[str, Any]:
+def run_demo(
+    out: Path,
+    *,
+    quick: bool = False,
+    url: str | None = None,
+    api_key: str | None = None,
+    console: Console | None = None,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
     """Run the demo; write plots and the summary under ``out``. Returns the summary rows.
 
     ``url``: a running service to use instead of starting one. Raises ``RuntimeError`` if the
@@ -136,8 +160,13 @@ def run_demo(out: Path, *, quick: bool = False, url: str | None = None, api_key:
         stream = f"demo-{run_id}-{_stream_name(name)}"
         for key in model_keys:
             family, params = MODELS[key]
-            c.create_model(f"{stream}.{key}", stream=stream, family=family, params=params,
-                           sampler=QUICK_SAMPLER if quick else SAMPLER)
+            c.create_model(
+                f"{stream}.{key}",
+                stream=stream,
+                family=family,
+                params=params,
+                sampler=QUICK_SAMPLER if quick else SAMPLER,
+            )
         streams[name] = {"stream": stream, "n": s.n, "values": z, "series": s}
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -183,8 +212,15 @@ def run_demo(out: Path, *, quick: bool = False, url: str | None = None, api_key:
     return _report(c, streams, model_keys, out, console, time.monotonic() - t0, QUICK_SAMPLER if quick else SAMPLER)
 
 
-def _report(c: SgaisClient, streams: dict[str, dict], model_keys: list[str], out: Path, console: Console,
-            seconds: float, sampler: dict[str, Any]) -> dict[str, Any]:
+def _report(
+    c: SgaisClient,
+    streams: dict[str, dict],
+    model_keys: list[str],
+    out: Path,
+    console: Console,
+    seconds: float,
+    sampler: dict[str, Any],
+) -> dict[str, Any]:
     from service.plots import series_figure
 
     rows = []
@@ -197,26 +233,41 @@ def _report(c: SgaisClient, streams: dict[str, dict], model_keys: list[str], out
         leader = max(post["models"], key=lambda m: m["probability"])
         short_alerts = [dict(a, model=a["model"].split(".")[-1]) for a in alerts]
         png = series_figure(
-            out / f"{name}.png", title=f"{name}: {len(alerts)} alerts; most probable {leader['model'].split('.')[-1]}",
-            values=info["values"], annotations=info["series"].annotations, traces=traces,
-            alerts=[a for a in short_alerts if a["kind"] != "model_switch" and a["model"] == leader["model"].split(".")[-1]]
+            out / f"{name}.png",
+            title=f"{name}: {len(alerts)} alerts; most probable {leader['model'].split('.')[-1]}",
+            values=info["values"],
+            annotations=info["series"].annotations,
+            traces=traces,
+            alerts=[
+                a for a in short_alerts if a["kind"] != "model_switch" and a["model"] == leader["model"].split(".")[-1]
+            ]
             + [a for a in short_alerts if a["kind"] == "model_switch"],
             priors={},
         )
-        leader_drops = sorted(a["observation_index"] for a in alerts
-                              if a["model"] == leader["model"] and a["kind"] in ("evidence_drop", "annealing_spike"))
-        rows.append({
-            "series": name, "observations": info["n"], "stream": stream,
-            "most_probable": leader["model"].split(".")[-1], "probability": round(leader["probability"], 4),
-            **{f"logZ_{m['model'].split('.')[-1]}": round(m["log_evidence"], 2) for m in post["models"]},
-            "alerts": len(alerts),
-            "evidence_drop": sum(a["kind"] == "evidence_drop" for a in alerts),
-            "annealing_spike": sum(a["kind"] == "annealing_spike" for a in alerts),
-            "model_switch": sum(a["kind"] == "model_switch" for a in alerts),
-            "leader_change_points": " ".join(map(str, leader_drops)),
-            "annotated_change_points": " ".join(map(str, sorted({p for v in info["series"].annotations.values() for p in v}))),
-            "plot": png.name,
-        })
+        leader_drops = sorted(
+            a["observation_index"]
+            for a in alerts
+            if a["model"] == leader["model"] and a["kind"] in ("evidence_drop", "annealing_spike")
+        )
+        rows.append(
+            {
+                "series": name,
+                "observations": info["n"],
+                "stream": stream,
+                "most_probable": leader["model"].split(".")[-1],
+                "probability": round(leader["probability"], 4),
+                **{f"logZ_{m['model'].split('.')[-1]}": round(m["log_evidence"], 2) for m in post["models"]},
+                "alerts": len(alerts),
+                "evidence_drop": sum(a["kind"] == "evidence_drop" for a in alerts),
+                "annealing_spike": sum(a["kind"] == "annealing_spike" for a in alerts),
+                "model_switch": sum(a["kind"] == "model_switch" for a in alerts),
+                "leader_change_points": " ".join(map(str, leader_drops)),
+                "annotated_change_points": " ".join(
+                    map(str, sorted({p for v in info["series"].annotations.values() for p in v}))
+                ),
+                "plot": png.name,
+            }
+        )
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with (out / "summary.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
@@ -225,11 +276,20 @@ def _report(c: SgaisClient, streams: dict[str, dict], model_keys: list[str], out
     md = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
     md += ["| " + " | ".join(str(r.get(f, "")) for f in fields) + " |" for r in rows]
     (out / "summary.md").write_text(
-        f"# SGAIS demo summary\n\nSampler {sampler}; {seconds:.0f} s in all.\n\n" + "\n".join(md) + "\n")
-    table = Table(*["series", "most probable", "p", "alerts", "change points (leader)", "annotated"],
-                  title=f"SGAIS demo: done in {seconds:.0f} s; plots and summary in {out}")
+        f"# SGAIS demo summary\n\nSampler {sampler}; {seconds:.0f} s in all.\n\n" + "\n".join(md) + "\n"
+    )
+    table = Table(
+        *["series", "most probable", "p", "alerts", "change points (leader)", "annotated"],
+        title=f"SGAIS demo: done in {seconds:.0f} s; plots and summary in {out}",
+    )
     for r in rows:
-        table.add_row(r["series"], r["most_probable"], f"{r['probability']:.3f}", str(r["alerts"]),
-                      r["leader_change_points"], r["annotated_change_points"])
+        table.add_row(
+            r["series"],
+            r["most_probable"],
+            f"{r['probability']:.3f}",
+            str(r["alerts"]),
+            r["leader_change_points"],
+            r["annotated_change_points"],
+        )
     console.print(table)
     return {"rows": rows, "seconds": seconds, "out": str(out)}

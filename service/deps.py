@@ -15,8 +15,8 @@ from fastapi import Depends, HTTPException, Request, WebSocket, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
-from workers.store.keys import Keys
 from workers.config import Settings
+from workers.store.keys import Keys
 
 
 async def get_app_settings(connection: HTTPConnection) -> Settings:

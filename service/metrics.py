@@ -72,8 +72,13 @@ class BodyLimitMiddleware:
 
     async def _reject(self, send):
         body = json.dumps({"detail": f"request body exceeds SGAIS_MAX_BODY_BYTES={self.max_bytes}"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -136,8 +141,12 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float)
         cumulative += int(hist.get(str(le), 0))
         buckets.append((str(le), cumulative))
     buckets.append(("+Inf", int(hist.get("count", 0))))
-    block = HistogramMetricFamily("sgais_block_seconds", "wall-clock seconds per absorbed block",
-                                  buckets=buckets, sum_value=float(hist.get("sum", 0.0)))
+    block = HistogramMetricFamily(
+        "sgais_block_seconds",
+        "wall-clock seconds per absorbed block",
+        buckets=buckets,
+        sum_value=float(hist.get("sum", 0.0)),
+    )
     leases = GaugeMetricFamily("sgais_worker_leases", "models leased by the worker", labels=["worker"])
     for wid in await r.zrangebyscore(keys.workers, time.time() - 3 * heartbeat_seconds, "+inf"):
         beat = await r.get(keys.worker(wid))

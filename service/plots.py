@@ -15,7 +15,9 @@ import numpy as np  # noqa: E402
 KIND_STYLE = {"evidence_drop": ("red", "-"), "annealing_spike": ("darkorange", ":"), "model_switch": ("purple", "-.")}
 
 
-def probabilities_over_time(traces: dict[str, list[dict]], priors: dict[str, float]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def probabilities_over_time(
+    traces: dict[str, list[dict]], priors: dict[str, float]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Model probabilities at every observation count that all models' traces share.
 
     ``traces``: model -> trace rows (``observations`` cumulative, ``log_evidence`` running).
@@ -33,8 +35,16 @@ def probabilities_over_time(traces: dict[str, list[dict]], priors: dict[str, flo
     return np.array(common), {m: p[i] for i, m in enumerate(models)}
 
 
-def series_figure(path: Path, *, title: str, values: np.ndarray, annotations: dict[str, list[int]],
-                  traces: dict[str, list[dict]], alerts: list[dict[str, Any]], priors: dict[str, float]) -> Path:
+def series_figure(
+    path: Path,
+    *,
+    title: str,
+    values: np.ndarray,
+    annotations: dict[str, list[int]],
+    traces: dict[str, list[dict]],
+    alerts: list[dict[str, Any]],
+    priors: dict[str, float],
+) -> Path:
     """Write ``path``: (1) the series with annotated change points (grey) and alerts (coloured by kind),
     (2) each model's log-evidence relative to the models' mean, (3) model probabilities over time."""
     fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True, constrained_layout=True)
@@ -58,7 +68,9 @@ def series_figure(path: Path, *, title: str, values: np.ndarray, annotations: di
     if rows:
         counts, probs = probabilities_over_time(rows, priors)
         if len(counts):
-            mean = np.mean([[{r["observations"]: r["log_evidence"] for r in rows[m]}[n] for n in counts] for m in rows], 0)
+            mean = np.mean(
+                [[{r["observations"]: r["log_evidence"] for r in rows[m]}[n] for n in counts] for m in rows], 0
+            )
             for m in rows:
                 lz = {r["observations"]: r["log_evidence"] for r in rows[m]}
                 ax.plot(counts, [lz[n] for n in counts] - mean, label=m)

@@ -83,8 +83,11 @@ class Block(BaseModel):
     resampled: bool
     seconds: float
     guard_tripped: bool = False
-    reannealed: bool = Field(False, description="the particles were merged with a re-annealing from the prior "
-                                                "over the whole history after this block (sampler.reanneal_steps)")
+    reannealed: bool = Field(
+        False,
+        description="the particles were merged with a re-annealing from the prior "
+        "over the whole history after this block (sampler.reanneal_steps)",
+    )
 
 
 class TraceRow(Block):

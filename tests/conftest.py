@@ -18,8 +18,11 @@ from workers.config import Settings
 # different thread count may round differently, so reference runs in the tests use the same.
 torch.set_num_threads(1)
 
-SMALL_MODEL = {"family": "linear_regression", "params": {"features": 2},
-               "sampler": {"particles": 10, "burn_in": 5, "seed": 3}}
+SMALL_MODEL = {
+    "family": "linear_regression",
+    "params": {"features": 2},
+    "sampler": {"particles": 10, "burn_in": 5, "seed": 3},
+}
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +53,14 @@ def key_prefix(redis_url):
 
 @pytest.fixture
 def settings(redis_url, key_prefix):
-    return Settings(redis_url=redis_url, key_prefix=key_prefix, lease_ttl_seconds=2.0, heartbeat_seconds=0.2,
-                    poll_seconds=0.1, api_keys="")
+    return Settings(
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        lease_ttl_seconds=2.0,
+        heartbeat_seconds=0.2,
+        poll_seconds=0.1,
+        api_keys="",
+    )
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05):

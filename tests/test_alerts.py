@@ -13,8 +13,15 @@ from workers import alerts
 LOG_2PI = math.log(2 * math.pi)
 
 
-def gaussian_rows(n_blocks: int, block: int, gen: torch.Generator, *, shift_at_block: int | None = None,
-                  shift: float = 0.0, start_index: int = 0) -> list[dict]:
+def gaussian_rows(
+    n_blocks: int,
+    block: int,
+    gen: torch.Generator,
+    *,
+    shift_at_block: int | None = None,
+    shift: float = 0.0,
+    start_index: int = 0,
+) -> list[dict]:
     """Trace rows of a model whose predictive is N(0, 1) for data that are N(0, 1) (stationary), or
     N(shift, 1) from block ``shift_at_block`` on: the exact per-block log-predictive of a model
     that has converged, and 1–2 annealing steps per block."""
@@ -25,8 +32,15 @@ def gaussian_rows(n_blocks: int, block: int, gen: torch.Generator, *, shift_at_b
             y = y + shift
         lp = float((-0.5 * LOG_2PI - 0.5 * y**2).sum())
         steps = 1 + int(torch.rand((), generator=gen) < 0.3)
-        rows.append({"first_index": start_index + b * block, "observations": block, "log_predictive": lp,
-                     "annealing_steps": steps, "ess": 7.0})
+        rows.append(
+            {
+                "first_index": start_index + b * block,
+                "observations": block,
+                "log_predictive": lp,
+                "annealing_steps": steps,
+                "ess": 7.0,
+            }
+        )
     return rows
 
 
@@ -84,7 +98,8 @@ def test_change_placed_at_start_of_the_excursion():
 def test_state_json_round_trip_gives_same_alerts():
     gen = torch.Generator().manual_seed(3)
     rows = gaussian_rows(120, 10, gen, shift_at_block=40, shift=2.0) + gaussian_rows(
-        80, 10, gen, shift_at_block=40, shift=-1.0, start_index=1200)
+        80, 10, gen, shift_at_block=40, shift=-1.0, start_index=1200
+    )
     _, straight = run(rows)
     state, found = alerts.initial_state(), []
     for i, row in enumerate(rows):

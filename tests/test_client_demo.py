@@ -49,8 +49,17 @@ def test_quick_demo_writes_plots_summary_and_alerts(service_url, tmp_path):
         items = c.alerts(stream=row["stream"])
     assert len(items) == int(row["alerts"])
     for a in items:
-        assert {"id", "stream", "model", "kind", "observation_index", "detected_at_index", "score", "message",
-                "created_at"} <= set(a)
+        assert {
+            "id",
+            "stream",
+            "model",
+            "kind",
+            "observation_index",
+            "detected_at_index",
+            "score",
+            "message",
+            "created_at",
+        } <= set(a)
     assert result["seconds"] < 240
 
 
@@ -120,9 +129,22 @@ def test_serve_stops_its_workers_and_embedded_redis_on_sigterm(tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port),
-         "--data-dir", str(tmp_path / "data"), "--workers", "1"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, env=dict(os.environ, SGAIS_API_KEYS=""))
+        [
+            sys.executable,
+            "-c",
+            "from service.cli import app; app()",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--workers",
+            "1",
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, SGAIS_API_KEYS=""),
+    )
     try:
         with SgaisClient(f"http://127.0.0.1:{port}") as c:
             wait_until(lambda: proc.poll() is not None or c.readyz(), timeout=120)

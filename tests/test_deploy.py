@@ -345,7 +345,9 @@ def test_service_code_defines_the_metrics():
     (prometheus_client appends `_total` to counters, so the literal may lack it)."""
     source = "\n".join(p.read_text() for d in ("service", "workers") for p in (ROOT / d).rglob("*.py"))
     literals = set(re.findall(r'"(sgais_[a-z_]+)"', source))
-    missing = sorted(m for m in METRICS | WORKER_METRICS if m not in literals and m.removesuffix("_total") not in literals)
+    missing = sorted(
+        m for m in METRICS | WORKER_METRICS if m not in literals and m.removesuffix("_total") not in literals
+    )
     assert not missing, f"dashboard metrics not defined in service/ or workers/: {missing}"
 
 
@@ -388,7 +390,10 @@ def test_docker_compose_config_accepts_the_file():
     """`docker-compose config` parses, interpolates and validates without an engine."""
     result = subprocess.run(
         [DOCKER_COMPOSE, "-f", str(COMPOSE_PATH), "config", "--quiet"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
 

@@ -42,16 +42,20 @@ class AlertSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
-    warmup_blocks: int = Field(1, ge=0, description="first blocks of the stream (prior to posterior) left out of the baseline")
+    warmup_blocks: int = Field(
+        1, ge=0, description="first blocks of the stream (prior to posterior) left out of the baseline"
+    )
     min_baseline_blocks: int = Field(1, ge=1, description="baseline blocks needed before a drop can alert")
     window: int = Field(50, ge=3, le=10_000, description="recent blocks in the robust baseline (median, MAD)")
     drop_threshold: float = Field(8.0, gt=0, description="CUSUM threshold h, in standard deviations")
     drop_slack: float = Field(1.0, ge=0, description="CUSUM slack k, in standard deviations")
     drop_cap: float | None = Field(None, gt=0, description="cap on one block's contribution (None = no cap)")
     noise_floor: float = Field(
-        0.7, gt=0,
+        0.7,
+        gt=0,
         description="floor on the per-observation spread of the log-predictive (nats); a block mean of n rows "
-        "has spread ≥ noise_floor/√n. 0.7 ≈ √(1/2), the spread of a well-specified Gaussian's log density")
+        "has spread ≥ noise_floor/√n. 0.7 ≈ √(1/2), the spread of a well-specified Gaussian's log density",
+    )
     spike_factor: float = Field(4.0, gt=1, description="annealing_spike when steps ≥ factor × recent median")
     spike_min_steps: int = Field(5, ge=2, description="and at least this many annealing steps")
     spike_window: int = Field(20, ge=3, description="blocks in the recent median of annealing steps")
@@ -85,7 +89,9 @@ def _change_start(run: list[list[float]]) -> int:
     return int(best_j)
 
 
-def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def detect(
+    state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Feed one trace row; return the new state and the alerts it raises.
 
     ``row`` needs ``first_index``, ``observations`` (rows of the block that entered the
@@ -115,27 +121,33 @@ def detect(state: dict[str, Any], settings: AlertSettings, row: dict[str, Any]) 
         if cusum > settings.drop_threshold:
             drop = True
             start = _change_start(run)
-            alerts.append({
-                "kind": "evidence_drop",
-                "observation_index": start,
-                "detected_at_index": last,
-                "score": cusum,
-                "message": (f"per-observation log-predictive {value:.4g} nats against a typical {med:.4g} "
-                            f"(spread {sigma:.3g}/√{n}); change placed at {start}"),
-            })
+            alerts.append(
+                {
+                    "kind": "evidence_drop",
+                    "observation_index": start,
+                    "detected_at_index": last,
+                    "score": cusum,
+                    "message": (
+                        f"per-observation log-predictive {value:.4g} nats against a typical {med:.4g} "
+                        f"(spread {sigma:.3g}/√{n}); change placed at {start}"
+                    ),
+                }
+            )
         else:
             state.update(cusum=cusum, run=run)
     steps = state["steps"]
     if steps:
         med_steps = max(statistics.median(steps), 1)
         if k >= settings.spike_min_steps and k >= settings.spike_factor * med_steps and not drop:
-            alerts.append({
-                "kind": "annealing_spike",
-                "observation_index": first,
-                "detected_at_index": last,
-                "score": k / med_steps,
-                "message": f"block needed {k} annealing steps; recent median {med_steps:g}",
-            })
+            alerts.append(
+                {
+                    "kind": "annealing_spike",
+                    "observation_index": first,
+                    "detected_at_index": last,
+                    "score": k / med_steps,
+                    "message": f"block needed {k} annealing steps; recent median {med_steps:g}",
+                }
+            )
     state["seen"] += 1
     if drop:
         # a new regime: its baseline starts after this block

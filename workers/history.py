@@ -23,8 +23,14 @@ class History:
         Rows held (``min(seen, capacity)``).
     """
 
-    def __init__(self, *, capacity: int | None = None, seed: int = 0,
-                 dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        *,
+        capacity: int | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+    ):
         self.capacity = capacity
         self.dtype = dtype
         self.device = torch.device(device)

@@ -27,33 +27,39 @@ import socket
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from workers.store import records
-from workers.comparison import leader as leader_of
-from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
-from workers.config import Settings, get_settings
 from workers import alerts as detector_lib
-from workers.store.commit import LeaseLost, Scripts, StreamState
+from workers.comparison import leader as leader_of
+from workers.config import Settings, get_settings
 from workers.engine import ModelEngine
 from workers.sgais import NumericalError
+from workers.store import records
+from workers.store.commit import LeaseLost, Scripts, StreamState
+from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
 
 log = logging.getLogger("sgais.worker")
 
 WORKER_REGISTRY = CollectorRegistry()
-BLOCK_SECONDS = Histogram("sgais_block_seconds", "wall-clock seconds per absorbed block",
-                          buckets=BLOCK_SECONDS_BUCKETS, registry=WORKER_REGISTRY)
+BLOCK_SECONDS = Histogram(
+    "sgais_block_seconds",
+    "wall-clock seconds per absorbed block",
+    buckets=BLOCK_SECONDS_BUCKETS,
+    registry=WORKER_REGISTRY,
+)
 ALERTS = Counter("sgais_alerts", "alerts raised", ["kind"], registry=WORKER_REGISTRY)
 LEASES = Gauge("sgais_worker_leases", "models leased by the worker", ["worker"], registry=WORKER_REGISTRY)
 OBSERVATIONS = Counter("sgais_worker_observations", "observations absorbed by this worker", registry=WORKER_REGISTRY)
 
-RENEW_LUA = ("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) "
-             "else return 0 end")
+RENEW_LUA = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end"
+)
 RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
 
 
@@ -292,21 +298,35 @@ class Worker:
         rows, found = [], []
         for start in range(0, n, size):
             self.keep_alive(h)
-            xb, yb = (x[start:start + size] if x is not None else None), y[start:start + size]
+            xb, yb = (x[start : start + size] if x is not None else None), y[start : start + size]
             t0 = time.perf_counter()
             (info,) = h.engine.update(xb, yb, validated=True, heartbeat=lambda: self.keep_alive(h))
             seconds = time.perf_counter() - t0
             row = {
-                "seq": seq, "first_index": first + start, "block_observations": int(yb.shape[0]),
-                "observations": first + start + int(yb.shape[0]), "log_predictive": info.log_predictive,
-                "log_evidence": info.log_evidence, "annealing_steps": info.annealing_steps, "ess": info.ess,
-                "resampled": info.resampled, "guard_tripped": info.guard_tripped,
-                "reannealed": info.reannealed, "seconds": seconds,
+                "seq": seq,
+                "first_index": first + start,
+                "block_observations": int(yb.shape[0]),
+                "observations": first + start + int(yb.shape[0]),
+                "log_predictive": info.log_predictive,
+                "log_evidence": info.log_evidence,
+                "annealing_steps": info.annealing_steps,
+                "ess": info.ess,
+                "resampled": info.resampled,
+                "guard_tripped": info.guard_tripped,
+                "reannealed": info.reannealed,
+                "seconds": seconds,
             }
             rows.append(row)
-            h.detector, new = detector_lib.detect(h.detector, settings, {
-                "first_index": row["first_index"], "observations": info.observations,
-                "log_predictive": info.log_predictive, "annealing_steps": info.annealing_steps})
+            h.detector, new = detector_lib.detect(
+                h.detector,
+                settings,
+                {
+                    "first_index": row["first_index"],
+                    "observations": info.observations,
+                    "log_predictive": info.log_predictive,
+                    "annealing_steps": info.annealing_steps,
+                },
+            )
             found += [{**a, "stream": h.stream, "model": h.name} for a in new]
         self.commit(h, entry_id, seq, rows, found)
         OBSERVATIONS.inc(n)
@@ -326,22 +346,49 @@ class Worker:
         """
         eng = h.engine
         ckpt = {
-            "state": eng.to_bytes(include_history=False), "cursor": cursor, "chunks": seq,
-            "observations": eng.observations, "log_evidence": repr(eng.log_evidence),
+            "state": eng.to_bytes(include_history=False),
+            "cursor": cursor,
+            "chunks": seq,
+            "observations": eng.observations,
+            "log_evidence": repr(eng.log_evidence),
             "detector": json.dumps(h.detector),
-            "last_block": json.dumps(records.block_of(rows[-1])) if rows else "", "status": "ok", "error": "",
+            "last_block": json.dumps(records.block_of(rows[-1])) if rows else "",
+            "status": "ok",
+            "error": "",
         }
         events = []
         for i, row in enumerate(rows):
             chunks = seq if i == len(rows) - 1 else seq - 1
-            events.append((chunks, records.evidence_event_head(h.name, h.stream, {
-                "chunks": chunks, "observations": row["observations"], "log_evidence": row["log_evidence"],
-                "last_block": json.dumps(records.block_of(row)), "status": "ok"})))
+            events.append(
+                (
+                    chunks,
+                    records.evidence_event_head(
+                        h.name,
+                        h.stream,
+                        {
+                            "chunks": chunks,
+                            "observations": row["observations"],
+                            "log_evidence": row["log_evidence"],
+                            "last_block": json.dumps(records.block_of(row)),
+                            "status": "ok",
+                        },
+                    ),
+                )
+            )
         sent = time.monotonic()
         state = self.scripts.commit(
-            tenant=h.tenant, model=h.name, stream=h.stream, token=h.token, ttl_ms=self.ttl_ms, checkpoint=ckpt,
-            rows=rows, events=events, alerts=[_alert(a) for a in found], observations=eng.observations,
-            known=self._known(h) if rows else None)
+            tenant=h.tenant,
+            model=h.name,
+            stream=h.stream,
+            token=h.token,
+            ttl_ms=self.ttl_ms,
+            checkpoint=ckpt,
+            rows=rows,
+            events=events,
+            alerts=[_alert(a) for a in found],
+            observations=eng.observations,
+            known=self._known(h) if rows else None,
+        )
         h.cursor, h.chunks, h.renewed_at = cursor, seq, sent
         for a in found:
             ALERTS.labels(a["kind"]).inc()
@@ -364,9 +411,16 @@ class Worker:
         """
         while state is not None:
             posterior, record, switch = self.stream_posterior(h, state, rows)
-            if self.scripts.set_leader(tenant=h.tenant, model=h.name, stream=h.stream, token=h.token,
-                                       expected=state.leader_raw, record=record, posterior=posterior,
-                                       alert=_alert(switch) if switch is not None else None):
+            if self.scripts.set_leader(
+                tenant=h.tenant,
+                model=h.name,
+                stream=h.stream,
+                token=h.token,
+                expected=state.leader_raw,
+                record=record,
+                posterior=posterior,
+                alert=_alert(switch) if switch is not None else None,
+            ):
                 return
             # another worker moved the leader record first: re-read
             state = self.scripts.stream_state(tenant=h.tenant, stream=h.stream, known=self._known(h))
@@ -402,8 +456,7 @@ class Worker:
         if previous is not None and previous["model"] in states:
             switch = detector_lib.model_switch(previous["model"], posterior["models"])
             if switch is not None:
-                switch.update(stream=h.stream, observation_index=previous["observations"],
-                              detected_at_index=count - 1)
+                switch.update(stream=h.stream, observation_index=previous["observations"], detected_at_index=count - 1)
         return posterior, record, switch
 
     def record_error(self, h: Held, err: Exception) -> None:
@@ -422,8 +475,10 @@ class Worker:
                     fields.update(chunks=0, observations=0, log_evidence="0.0", cursor="0-0")
                 pipe.hset(k.checkpoint(t, h.name), mapping=fields)
                 if h.cfg:
-                    pipe.publish(k.events(t, h.stream), json.dumps(
-                        {"type": "error", "model": h.name, "stream": h.stream, "error": fields["error"]}))
+                    pipe.publish(
+                        k.events(t, h.stream),
+                        json.dumps({"type": "error", "model": h.name, "stream": h.stream, "error": fields["error"]}),
+                    )
                 pipe.delete(k.lease(t, h.name))
                 pipe.execute()
             except redis.WatchError:
@@ -432,8 +487,13 @@ class Worker:
 
 def _alert(a: dict[str, Any]) -> dict[str, Any]:
     """An alert record (API.md "Alerts") from a detector's body: id, default indices, creation time."""
-    return {"id": secrets.token_hex(8), "observation_index": None, "detected_at_index": None, **a,
-            "created_at": datetime.now(timezone.utc).isoformat()}
+    return {
+        "id": secrets.token_hex(8),
+        "observation_index": None,
+        "detected_at_index": None,
+        **a,
+        "created_at": datetime.now(UTC).isoformat(),
+    }
 
 
 def _entry_id(entry: bytes) -> tuple[int, int]:

@@ -19,11 +19,15 @@ class SamplerSettings(BaseModel):
 
     particles: int = Field(10, ge=2, le=100_000, description="M, the number of particles")
     warmup_particles: int | None = Field(
-        50, ge=2, le=1_000_000,
+        50,
+        ge=2,
+        le=1_000_000,
         description="particles while the posterior is still wide (before warmup_observations); "
         "reduced to `particles` by resampling afterwards. null = always `particles`",
     )
-    warmup_observations: int = Field(2000, ge=0, description="observations absorbed before the warm-up particles are reduced")
+    warmup_observations: int = Field(
+        2000, ge=0, description="observations absorbed before the warm-up particles are reduced"
+    )
     batch_size: int = Field(500, ge=1, le=1_000_000, description="|B|, mini-batch size drawn from the history")
     block_size: int = Field(500, ge=1, le=1_000_000, description="larger chunks are split into blocks of this size")
     learning_rate: float = Field(0.1, gt=0, le=10, description="η·n, the SGHMC learning rate per observation")
@@ -38,42 +42,72 @@ class SamplerSettings(BaseModel):
         "so high-curvature posteriors (small noise, large covariates) stay stable",
     )
     fisher_step_growth: float = Field(
-        4.0, ge=1, le=100,
+        4.0,
+        ge=1,
+        le=100,
         description="after the warm-up, replace the 1/n in the step cap by 1/(n·f_d), f_d the per-observation "
         "empirical Fisher information of coordinate d measured on each block, letting weakly identified "
         "coordinates take up to this many times larger steps (1 = off; needs preconditioning)",
     )
     momentum_decay: float = Field(0.2, gt=0, le=1, description="α, the SGHMC friction (eq. 2.53)")
     burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
-    ess_target: float = Field(0.9, gt=0, lt=1, description="target conditional ESS per annealing step, a fraction of particles (thesis: 0.5; 0.9 measured better on logistic regression, bench/README.md)")
-    resample_threshold: float = Field(0.5, ge=0, le=1, description="resample when ESS < this fraction of particles (0 = never)")
-    resampling: Literal["systematic", "multinomial"] = Field("systematic", description="resampling scheme (thesis §3.4)")
+    ess_target: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="target conditional ESS per annealing step, a fraction of particles (thesis: 0.5; 0.9 measured better on logistic regression, bench/README.md)",
+    )
+    resample_threshold: float = Field(
+        0.5, ge=0, le=1, description="resample when ESS < this fraction of particles (0 = never)"
+    )
+    resampling: Literal["systematic", "multinomial"] = Field(
+        "systematic", description="resampling scheme (thesis §3.4)"
+    )
     max_annealing_steps: int = Field(1000, ge=1, le=1_000_000, description="guard per block; hitting it is reported")
-    control_variates: bool = Field(True, description="mini-batch gradients with control variates around per-particle anchors")
+    control_variates: bool = Field(
+        True, description="mini-batch gradients with control variates around per-particle anchors"
+    )
     anchor_growth: float = Field(2.0, gt=1, le=1000, description="re-anchor when the history has grown by this factor")
-    history_capacity: int | None = Field(None, ge=1, description="reservoir size for the mini-batch history; null keeps everything")
+    history_capacity: int | None = Field(
+        None, ge=1, description="reservoir size for the mini-batch history; null keeps everything"
+    )
     reanneal_steps: int | None = Field(
-        12, ge=1, le=1_000_000,
+        12,
+        ge=1,
+        le=1_000_000,
         description="a block after the warm-up that needs at least this many annealing steps marks a change: the "
-                    "particles are then re-annealed from the prior over the whole history in a random order and "
-                    "merged with the running population (null = never; 1 = at every growth step of the history)")
+        "particles are then re-annealed from the prior over the whole history in a random order and "
+        "merged with the running population (null = never; 1 = at every growth step of the history)",
+    )
     reanneal_growth: float = Field(
-        2.0, gt=1, le=1000,
-        description="re-anneal at most once per this factor of history growth")
+        2.0, gt=1, le=1000, description="re-anneal at most once per this factor of history growth"
+    )
     reanneal_horizon: float = Field(
-        10.0, ge=1, le=1e6,
+        10.0,
+        ge=1,
+        le=1e6,
         description="after a change, keep re-annealing at each growth step until the history is this many times "
-                    "its size at the change (the posterior moves until the new data dominate the history)")
+        "its size at the change (the posterior moves until the new data dominate the history)",
+    )
     change_burn_in: int | None = Field(
-        60, ge=0, le=10_000,
+        60,
+        ge=0,
+        le=10_000,
         description="SGHMC steps per annealing step for blocks within reanneal_horizon of a change, where the "
-                    "posterior keeps moving and burn_in steps lag it (bench/README.md); null = burn_in")
-    seed: int = Field(0, ge=0, lt=2**63, description="seed of the model's torch.Generator (checkpointed with the state)")
-    dtype: Literal["float32", "float64"] = Field("float64", description="particle dtype; log-weights are always float64")
-    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="torch device; auto = cuda when available (the service default comes from SGAIS_DEVICE)")
+        "posterior keeps moving and burn_in steps lag it (bench/README.md); null = burn_in",
+    )
+    seed: int = Field(
+        0, ge=0, lt=2**63, description="seed of the model's torch.Generator (checkpointed with the state)"
+    )
+    dtype: Literal["float32", "float64"] = Field(
+        "float64", description="particle dtype; log-weights are always float64"
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "cpu", description="torch device; auto = cuda when available (the service default comes from SGAIS_DEVICE)"
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "SamplerSettings":
+    def _check(self) -> SamplerSettings:
         if self.warmup_particles is not None and self.warmup_particles < self.particles:
             raise ValueError("warmup_particles must be at least particles")
         if self.ess_target * self.particles < 1:

@@ -102,8 +102,14 @@ FISHER_PROBES = 4
 
 
 def fisher_diagonal(
-    generator: torch.Generator, family: Family, theta: torch.Tensor, log_w: torch.Tensor,
-    x: torch.Tensor | None, y: torch.Tensor, *, probes: int,
+    generator: torch.Generator,
+    family: Family,
+    theta: torch.Tensor,
+    log_w: torch.Tensor,
+    x: torch.Tensor | None,
+    y: torch.Tensor,
+    *,
+    probes: int,
 ) -> torch.Tensor:
     """Per-observation empirical Fisher information ``f: [D]`` float64 on the block ``(x, y)``.
 
@@ -172,8 +178,11 @@ def reduce_particles(generator: torch.Generator, state: SGAISState, settings: Sa
     idx = systematic_resample(generator, log_w, M)
     log_mean = torch.logsumexp(log_w, 0) - math.log(log_w.shape[0])
     return state._replace(
-        theta=state.theta[idx], velocity=state.velocity[idx], anchor=state.anchor[idx],
-        anchor_grad=state.anchor_grad[idx], log_w=log_mean.expand(M).clone(),
+        theta=state.theta[idx],
+        velocity=state.velocity[idx],
+        anchor=state.anchor[idx],
+        anchor_grad=state.anchor_grad[idx],
+        log_w=log_mean.expand(M).clone(),
     )
 
 
@@ -212,15 +221,19 @@ def absorb_block(
         )
     n_prev = state.history.seen  # before _anneal_block appends to the shared history
     new_state, steps, resampled, guard_tripped = _anneal_block(
-        generator, state, family=family, settings=settings, x=x, y=y)
+        generator, state, family=family, settings=settings, x=x, y=y
+    )
     history = new_state.history
     n = history.seen
     # A change: a block after the warm-up (early blocks need many steps as the posterior contracts
     # from the prior) whose posterior moved far.  Re-anneal then and at each growth step while the
     # history is within reanneal_horizon of its size at the last change.
     n_change = state.n_change
-    if (settings.reanneal_steps is not None and steps >= settings.reanneal_steps
-            and n_prev >= max(settings.warmup_observations, 1)):
+    if (
+        settings.reanneal_steps is not None
+        and steps >= settings.reanneal_steps
+        and n_prev >= max(settings.warmup_observations, 1)
+    ):
         n_change = n
     new_state = new_state._replace(context=context, n_change=n_change)
     reannealed = (
@@ -249,8 +262,13 @@ def absorb_block(
 
 
 def _anneal_block(
-    generator: torch.Generator, state: SGAISState, *, family: Family, settings: SamplerSettings,
-    x: torch.Tensor | None, y: torch.Tensor,
+    generator: torch.Generator,
+    state: SGAISState,
+    *,
+    family: Family,
+    settings: SamplerSettings,
+    x: torch.Tensor | None,
+    y: torch.Tensor,
 ) -> tuple[SGAISState, int, bool, bool]:
     """Alg. 8, lines 4–15, on prepared rows ``(x, y)`` (``B >= 1``): the new state (context
     unchanged), the number of annealing steps, whether it resampled, whether the guard tripped."""
@@ -375,8 +393,14 @@ def _anneal_block(
     return new_state, steps, resampled, guard_tripped
 
 
-def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
-             settings: SamplerSettings, heartbeat: Callable[[], None] | None = None) -> SGAISState:
+def reanneal(
+    generator: torch.Generator,
+    state: SGAISState,
+    *,
+    family: Family,
+    settings: SamplerSettings,
+    heartbeat: Callable[[], None] | None = None,
+) -> SGAISState:
     """Run SGAIS afresh from the prior over the whole history in a random order and merge it
     with the current population: the remedy for particles left in stale modes after a change point.
 
@@ -411,11 +435,18 @@ def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
     for start in range(0, n, size):
         if heartbeat is not None:
             heartbeat()
-        fresh, *_ = _anneal_block(generator, fresh, family=family, settings=replay_settings,
-                                  x=hx[start:start + size] if hx is not None else None, y=hy[start:start + size])
+        fresh, *_ = _anneal_block(
+            generator,
+            fresh,
+            family=family,
+            settings=replay_settings,
+            x=hx[start : start + size] if hx is not None else None,
+            y=hy[start : start + size],
+        )
 
     theta, velocity, log_w = merge_populations(
-        generator, (state.theta, state.velocity, state.log_w), (fresh.theta, fresh.velocity, fresh.log_w))
+        generator, (state.theta, state.velocity, state.log_w), (fresh.theta, fresh.velocity, fresh.log_w)
+    )
     return state._replace(
         theta=theta,
         velocity=velocity,
@@ -423,7 +454,9 @@ def reanneal(generator: torch.Generator, state: SGAISState, *, family: Family,
         anchor=theta.clone(),
         anchor_grad=history_gradient(family, theta, hx, hy),  # a sum over the rows: their order is moot
         n_anchor=n,
-        posterior_var=weighted_variance(theta, log_w, floor=torch.minimum(state.posterior_var, fresh.posterior_var) / 4),
+        posterior_var=weighted_variance(
+            theta, log_w, floor=torch.minimum(state.posterior_var, fresh.posterior_var) / 4
+        ),
         n_reanneal=n,
     )
 

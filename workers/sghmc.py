@@ -9,7 +9,7 @@ In the SGD-with-momentum parameterisation of Chen et al. (2014, eq. 15) with
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -39,4 +39,3 @@ def sghmc_step(
         noise_scale = math.sqrt(2.0 * momentum_decay * step_size)
     velocity = (1.0 - momentum_decay) * velocity - step_size * grad_fn(theta) + noise_scale * noise
     return theta + velocity, velocity
-

@@ -16,8 +16,11 @@ router = APIRouter(prefix="/v1", tags=["alerts"])
 
 @router.get("/alerts", response_model=AlertList)
 async def list_alerts(
-    r: RedisDep, keys: KeysDep, tenant: TenantDep,
-    stream: str | None = None, model: str | None = None,
+    r: RedisDep,
+    keys: KeysDep,
+    tenant: TenantDep,
+    stream: str | None = None,
+    model: str | None = None,
     kind: Annotated[str | None, Query(pattern="^(evidence_drop|annealing_spike|model_switch)$")] = None,
     since: Annotated[datetime | None, Query(description="only alerts created at or after this time (ISO 8601)")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
@@ -27,8 +30,10 @@ async def list_alerts(
     items = []
     for raw in await r.zrangebyscore(keys.alerts(tenant), low, "+inf"):
         a = json.loads(raw)
-        if (stream is None or a["stream"] == stream) and (model is None or a["model"] == model) and (
-            kind is None or a["kind"] == kind
+        if (
+            (stream is None or a["stream"] == stream)
+            and (model is None or a["model"] == model)
+            and (kind is None or a["kind"] == kind)
         ):
             items.append(a)
             if len(items) >= limit:

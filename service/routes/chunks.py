@@ -13,12 +13,12 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from models import Family, ObservationError, make_family
-from workers.store import records
-from workers.store import reads as store
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
-from workers.store.keys import Keys
 from service.schemas import ChunkAck, ChunkIn, Name, StreamModel, StreamOut
 from workers.config import Settings
+from workers.store import reads as store
+from workers.store import records
+from workers.store.keys import Keys
 
 router = APIRouter(prefix="/v1", tags=["chunks"])
 
@@ -34,8 +34,9 @@ def stream_family(family: str, params_json: str) -> Family:
 
 def observation_422(err: ObservationError) -> HTTPException:
     loc: list[Any] = ["body", err.field] + ([err.row] if err.row is not None else [])
-    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                         [{"loc": loc, "msg": str(err), "type": "observation_error"}])
+    return HTTPException(
+        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": loc, "msg": str(err), "type": "observation_error"}]
+    )
 
 
 async def chunk_body(request: Request) -> ChunkIn:
@@ -50,12 +51,19 @@ async def chunk_body(request: Request) -> ChunkIn:
         return ChunkIn.model_validate_json(raw)
     except ValidationError as err:
         raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)], body=raw) from None
+            [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)], body=raw
+        ) from None
 
 
 ChunkBody = Annotated[ChunkIn, Depends(chunk_body)]
-_chunk_openapi = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": ChunkIn.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+_chunk_openapi = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": ChunkIn.model_json_schema(ref_template="#/components/schemas/{model}")}
+        },
+    }
+}
 
 
 async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: str, body: ChunkIn) -> dict[str, Any]:
@@ -65,8 +73,10 @@ async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: s
     """
     n = len(body.y)
     if n > settings.max_chunk_observations:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
-                            f"y: {n} observations exceed SGAIS_MAX_CHUNK_OBSERVATIONS={settings.max_chunk_observations}")
+        raise HTTPException(
+            status.HTTP_413_CONTENT_TOO_LARGE,
+            f"y: {n} observations exceed SGAIS_MAX_CHUNK_OBSERVATIONS={settings.max_chunk_observations}",
+        )
     meta = await store.get_meta(r, keys, tenant, stream)
     family = stream_family(meta["family"], meta["params"])
     try:
@@ -83,14 +93,30 @@ async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: s
     return ack
 
 
-_responses = {404: {"description": "unknown stream or model"}, 409: {"description": "seq gap or replay with different content"},
-              413: {"description": "body or chunk too large"}, 422: {"description": "invalid observations"}}
+_responses = {
+    404: {"description": "unknown stream or model"},
+    409: {"description": "seq gap or replay with different content"},
+    413: {"description": "body or chunk too large"},
+    422: {"description": "invalid observations"},
+}
 
 
-@router.post("/streams/{stream}/chunks", response_model=ChunkAck, status_code=202, responses=_responses,
-             openapi_extra=_chunk_openapi)
-async def post_stream_chunk(stream: Name, body: ChunkBody, r: RedisDep, keys: KeysDep, settings: SettingsDep,
-                            tenant: TenantDep, response: Response) -> dict[str, Any]:
+@router.post(
+    "/streams/{stream}/chunks",
+    response_model=ChunkAck,
+    status_code=202,
+    responses=_responses,
+    openapi_extra=_chunk_openapi,
+)
+async def post_stream_chunk(
+    stream: Name,
+    body: ChunkBody,
+    r: RedisDep,
+    keys: KeysDep,
+    settings: SettingsDep,
+    tenant: TenantDep,
+    response: Response,
+) -> dict[str, Any]:
     """Append a chunk to a stream (202); an identical replay of an accepted ``seq`` is 200 with duplicate=true."""
     ack = await accept_chunk(r, keys, settings, tenant, stream, body)
     if ack["duplicate"]:
@@ -98,10 +124,22 @@ async def post_stream_chunk(stream: Name, body: ChunkBody, r: RedisDep, keys: Ke
     return ack
 
 
-@router.post("/models/{model}/chunks", response_model=ChunkAck, status_code=202, responses=_responses,
-             openapi_extra=_chunk_openapi)
-async def post_model_chunk(model: Name, body: ChunkBody, r: RedisDep, keys: KeysDep, settings: SettingsDep,
-                           tenant: TenantDep, response: Response) -> dict[str, Any]:
+@router.post(
+    "/models/{model}/chunks",
+    response_model=ChunkAck,
+    status_code=202,
+    responses=_responses,
+    openapi_extra=_chunk_openapi,
+)
+async def post_model_chunk(
+    model: Name,
+    body: ChunkBody,
+    r: RedisDep,
+    keys: KeysDep,
+    settings: SettingsDep,
+    tenant: TenantDep,
+    response: Response,
+) -> dict[str, Any]:
     """Append a chunk to the model's stream."""
     cfg = await store.get_model(r, keys, tenant, model)
     ack = await accept_chunk(r, keys, settings, tenant, cfg["stream"], body)
@@ -123,7 +161,14 @@ async def get_stream(stream: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep
     pipe = r.pipeline(transaction=False)
     for m in names:
         pipe.hmget(keys.checkpoint(tenant, m), ["chunks", "observations"])
-    models = [StreamModel(name=m, chunks_processed=int(c or 0), observations_processed=int(o or 0))
-              for m, (c, o) in zip(names, await pipe.execute())]
-    return {"name": stream, "schema": json.loads(meta["schema"]), "chunks": int(meta.get("chunks", 0)),
-            "observations": int(meta.get("observations", 0)), "models": models}
+    models = [
+        StreamModel(name=m, chunks_processed=int(c or 0), observations_processed=int(o or 0))
+        for m, (c, o) in zip(names, await pipe.execute())
+    ]
+    return {
+        "name": stream,
+        "schema": json.loads(meta["schema"]),
+        "chunks": int(meta.get("chunks", 0)),
+        "observations": int(meta.get("observations", 0)),
+        "models": models,
+    }

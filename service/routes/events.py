@@ -12,9 +12,9 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from service.deps import SettingsDep, websocket_tenant
-from workers.store.keys import Keys
 from service.routes.chunks import accept_chunk
 from service.schemas import NAME_PATTERN, ChunkIn
+from workers.store.keys import Keys
 
 router = APIRouter(prefix="/v1", tags=["events"])
 
@@ -59,7 +59,7 @@ async def stream_events(websocket: WebSocket, stream: str, settings: SettingsDep
                 await send(json.dumps({"type": "error", "status": 400, "detail": "messages must be JSON objects"}))
                 continue
             if not isinstance(message, dict) or message.get("type") != "chunk":
-                await send(json.dumps({"type": "error", "status": 422, "detail": "expected {\"type\": \"chunk\", ...}"}))
+                await send(json.dumps({"type": "error", "status": 422, "detail": 'expected {"type": "chunk", ...}'}))
                 continue
             try:
                 body = ChunkIn.model_validate({k: v for k, v in message.items() if k != "type"})

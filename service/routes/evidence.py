@@ -9,10 +9,10 @@ from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.concurrency import run_in_threadpool
 from redis.client import NEVER_DECODE
 
-from workers.store import reads as store
 from service.deps import KeysDep, RedisDep, TenantDep
 from service.schemas import Evidence, Name, Posterior, StreamPosterior, Trace
 from workers.engine import posterior_summary_from_bytes
+from workers.store import reads as store
 
 router = APIRouter(prefix="/v1", tags=["evidence"])
 
@@ -25,17 +25,25 @@ async def get_evidence(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDe
 
 
 @router.get("/models/{model}/trace", response_model=Trace)
-async def get_trace(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep,
-                    since_index: Annotated[int, Query(ge=0)] = 0,
-                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> dict[str, Any]:
+async def get_trace(
+    model: Name,
+    r: RedisDep,
+    keys: KeysDep,
+    tenant: TenantDep,
+    since_index: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict[str, Any]:
     """Rows of processed blocks with ``first_index ≥ since_index``, in stream order (the evidence curve)."""
     await store.get_model(r, keys, tenant, model)
     rows = await r.zrangebyscore(keys.trace(tenant, model), since_index, "+inf", start=0, num=limit)
     return {"items": [json.loads(row) for row in rows]}
 
 
-@router.get("/models/{model}/posterior", response_model=Posterior,
-            responses={409: {"description": "not yet initialised by a worker"}})
+@router.get(
+    "/models/{model}/posterior",
+    response_model=Posterior,
+    responses={409: {"description": "not yet initialised by a worker"}},
+)
 async def get_posterior(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
     """Posterior summary of every constrained parameter (weighted mean, std, 5%/95% quantiles), computed
     from the model's checkpoint when asked (the worker does not compute it for every chunk)."""

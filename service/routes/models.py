@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import ValidationError
 
-from models import UnknownFamilyError, make_family, FAMILIES
-from workers.store import reads as store
+from models import FAMILIES, UnknownFamilyError, make_family
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
 from service.schemas import ModelCreate, ModelList, ModelOut, Name
 from workers.alerts import AlertSettings
 from workers.settings import SamplerSettings
+from workers.store import reads as store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -25,17 +25,29 @@ def validation_422(err: ValidationError, *loc: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
 
 
-@router.post("", response_model=ModelOut, status_code=201,
-             responses={409: {"description": "name taken"}, 422: {"description": "invalid config or schema mismatch"}})
-async def create_model(body: ModelCreate, r: RedisDep, keys: KeysDep, settings: SettingsDep,
-                       tenant: TenantDep) -> dict[str, Any]:
+@router.post(
+    "",
+    response_model=ModelOut,
+    status_code=201,
+    responses={409: {"description": "name taken"}, 422: {"description": "invalid config or schema mismatch"}},
+)
+async def create_model(
+    body: ModelCreate, r: RedisDep, keys: KeysDep, settings: SettingsDep, tenant: TenantDep
+) -> dict[str, Any]:
     """Create a model on a stream (the stream is created with the first model and fixes the schema)."""
     try:
         family = make_family(body.family, body.params)
     except UnknownFamilyError:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [{
-            "loc": ["body", "family"], "type": "unknown_family",
-            "msg": f"unknown family {body.family!r}; known: {sorted(FAMILIES)}"}]) from None
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            [
+                {
+                    "loc": ["body", "family"],
+                    "type": "unknown_family",
+                    "msg": f"unknown family {body.family!r}; known: {sorted(FAMILIES)}",
+                }
+            ],
+        ) from None
     except ValidationError as err:
         raise validation_422(err, "params") from None
     try:
@@ -49,9 +61,14 @@ async def create_model(body: ModelCreate, r: RedisDep, keys: KeysDep, settings: 
     except ValidationError as err:
         raise validation_422(err, "alerts") from None
     cfg = {
-        "name": body.name, "stream": body.stream or body.name, "family": body.family,
-        "params": family.params.model_dump(), "sampler": sampler.model_dump(), "alerts": alerts.model_dump(),
-        "prior_probability": body.prior_probability, "created_at": datetime.now(timezone.utc).isoformat(),
+        "name": body.name,
+        "stream": body.stream or body.name,
+        "family": body.family,
+        "params": family.params.model_dump(),
+        "sampler": sampler.model_dump(),
+        "alerts": alerts.model_dump(),
+        "prior_probability": body.prior_probability,
+        "created_at": datetime.now(UTC).isoformat(),
     }
     await store.create_model(r, keys, tenant, cfg, family.observation_schema())
     return cfg

@@ -35,8 +35,12 @@ async def readyz(r: RedisDep, keys: KeysDep, settings: SettingsDep, response: Re
     return {"status": "ready" if ready else "not ready", "redis": ok, "workers": workers}
 
 
-@router.get("/metrics", response_class=Response, response_model=None,
-            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    response_model=None,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+)
 async def metrics(r: RedisDep, keys: KeysDep, settings: SettingsDep) -> Response:
     """Prometheus metrics (text format 0.0.4)."""
     body = await redis_metrics(r, keys, settings.heartbeat_seconds)

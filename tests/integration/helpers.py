@@ -19,8 +19,19 @@ def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) ->
     return out
 
 
-COMPARED = ("seq", "first_index", "observations", "block_observations", "log_predictive", "log_evidence",
-            "annealing_steps", "ess", "resampled", "guard_tripped", "reannealed")
+COMPARED = (
+    "seq",
+    "first_index",
+    "observations",
+    "block_observations",
+    "log_predictive",
+    "log_evidence",
+    "annealing_steps",
+    "ess",
+    "resampled",
+    "guard_tripped",
+    "reannealed",
+)
 
 
 def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
@@ -31,14 +42,24 @@ def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
         x, y = eng.family.validate(chunk["x"], chunk["y"])
         size = eng.settings.block_size
         for start in range(0, y.shape[0], size):
-            xb = x[start:start + size] if x is not None else None
-            (info,) = eng.update(xb, y[start:start + size], validated=True)
+            xb = x[start : start + size] if x is not None else None
+            (info,) = eng.update(xb, y[start : start + size], validated=True)
             b = min(size, y.shape[0] - start)
-            rows.append({"seq": chunk["seq"], "first_index": first + start, "observations": first + start + b,
-                         "block_observations": b, "log_predictive": info.log_predictive,
-                         "log_evidence": info.log_evidence, "annealing_steps": info.annealing_steps,
-                         "ess": info.ess, "resampled": info.resampled, "guard_tripped": info.guard_tripped,
-                         "reannealed": info.reannealed})
+            rows.append(
+                {
+                    "seq": chunk["seq"],
+                    "first_index": first + start,
+                    "observations": first + start + b,
+                    "block_observations": b,
+                    "log_predictive": info.log_predictive,
+                    "log_evidence": info.log_evidence,
+                    "annealing_steps": info.annealing_steps,
+                    "ess": info.ess,
+                    "resampled": info.resampled,
+                    "guard_tripped": info.guard_tripped,
+                    "reannealed": info.reannealed,
+                }
+            )
         first += y.shape[0]
     return rows
 

@@ -45,8 +45,9 @@ def test_models_crud_fills_sampler_defaults(client):
 
 def test_schema_mismatch_is_422(client):
     create(client, "a")
-    res = client.post("/v1/models", json={"name": "b", "stream": "s1", "family": "linear_regression",
-                                          "params": {"features": 3}})
+    res = client.post(
+        "/v1/models", json={"name": "b", "stream": "s1", "family": "linear_regression", "params": {"features": 3}}
+    )
     assert res.status_code == 422 and "params" in res.text
 
 
@@ -58,8 +59,13 @@ def test_chunks_evidence_trace_posterior(client):
         res = client.post("/v1/streams/s1/chunks", json=c)
         assert res.status_code == 202, res.text
     res = client.post("/v1/models/a/chunks", json=chunks[2])  # the model's stream
-    assert res.status_code == 202 and res.json() == {"stream": "s1", "seq": 3, "first_index": 600,
-                                                     "n_observations": 300, "duplicate": False}
+    assert res.status_code == 202 and res.json() == {
+        "stream": "s1",
+        "seq": 3,
+        "first_index": 600,
+        "n_observations": 300,
+        "duplicate": False,
+    }
     replay = client.post("/v1/streams/s1/chunks", json=chunks[0])
     assert replay.status_code == 200 and replay.json()["duplicate"] is True and replay.json()["first_index"] == 0
     stream = wait_until(lambda: processed(client, "s1", 3))
@@ -92,8 +98,7 @@ def test_chunks_evidence_trace_posterior(client):
     assert math.log(p["b"] / p["a"]) == pytest.approx(math.log(3.0) + lz["b"] - lz["a"], abs=1e-9)
     best = max(sp["models"], key=lambda m: m["probability"])
     assert best["log_bayes_factor"] == 0.0
-    assert {m["model"]: m["log_bayes_factor"] for m in sp["models"]} == {
-        m: lz[m] - best["log_evidence"] for m in lz}
+    assert {m["model"]: m["log_bayes_factor"] for m in sp["models"]} == {m: lz[m] - best["log_evidence"] for m in lz}
 
 
 def test_model_added_later_catches_up(client):
@@ -122,8 +127,14 @@ def test_websocket_events_and_chunk_ack(client):
         ws.send_json({"type": "chunk", **chunks[1]})
         while (msg := ws.receive_json())["type"] != "ack":
             pass
-        assert msg == {"type": "ack", "stream": "s1", "seq": 2, "first_index": 100, "n_observations": 100,
-                       "duplicate": False}
+        assert msg == {
+            "type": "ack",
+            "stream": "s1",
+            "seq": 2,
+            "first_index": 100,
+            "n_observations": 100,
+            "duplicate": False,
+        }
         ws.send_json({"type": "chunk", "seq": 3, "x": [[1.0, 2.0]], "y": ["a"]})
         while (msg := ws.receive_json())["type"] != "error":
             pass
@@ -154,11 +165,20 @@ def test_ops_endpoints(client):
     ready = wait_until(lambda: (r := client.get("/readyz")).status_code == 200 and r.json())
     assert ready["workers"] >= 1
     text = client.get("/metrics").text
-    for name in ("sgais_log_evidence{", "sgais_log_evidence_per_observation{", "sgais_model_probability{",
-                 "sgais_observations_processed{", "sgais_chunks_pending{", "sgais_block_seconds_bucket",
-                 "sgais_annealing_steps{", "sgais_ess{", "sgais_chunks_ingested_total",
-                 "sgais_observations_ingested_total", "sgais_http_request_seconds_bucket",
-                 "sgais_worker_leases{"):
+    for name in (
+        "sgais_log_evidence{",
+        "sgais_log_evidence_per_observation{",
+        "sgais_model_probability{",
+        "sgais_observations_processed{",
+        "sgais_chunks_pending{",
+        "sgais_block_seconds_bucket",
+        "sgais_annealing_steps{",
+        "sgais_ess{",
+        "sgais_chunks_ingested_total",
+        "sgais_observations_ingested_total",
+        "sgais_http_request_seconds_bucket",
+        "sgais_worker_leases{",
+    ):
         assert name in text, name
     assert 'route="/v1/streams/{stream}/chunks"' in text
     assert client.get("/docs").status_code == 200
@@ -179,8 +199,9 @@ def test_families_with_different_layouts_share_a_stream(client, models):
     # holds the layout of the first model's family; every model must lay it out its own way.
     sampler = {"particles": 6, "warmup_particles": None, "burn_in": 3, "block_size": 25, "seed": 1}
     for name, family, params in models:
-        res = client.post("/v1/models", json={"name": name, "stream": "mixed", "family": family,
-                                              "params": params, "sampler": sampler})
+        res = client.post(
+            "/v1/models", json={"name": name, "stream": "mixed", "family": family, "params": params, "sampler": sampler}
+        )
         assert res.status_code == 201, res.text
     y = [math.sin(0.3 * i) + 0.1 * (i % 7) for i in range(100)]
     assert client.post("/v1/streams/mixed/chunks", json={"seq": 1, "y": y}).status_code == 202

@@ -27,7 +27,14 @@ CASES = [
     ("missing-x", "POST", CHUNKS, {"y": [1.0]}, 422, '"x"'),
     ("missing-y", "POST", CHUNKS, {"x": [[1, 2]]}, 422, '"y"'),
     ("unknown-field", "POST", CHUNKS, {**GOOD, "seq": 2, "extra": 1}, 422, "extra"),
-    ("oversize-body", "POST", CHUNKS, {"x": [[1.0, 2.0]] * 40, "y": [1.0] * 40, "pad": "z" * 4096}, 413, "SGAIS_MAX_BODY_BYTES"),
+    (
+        "oversize-body",
+        "POST",
+        CHUNKS,
+        {"x": [[1.0, 2.0]] * 40, "y": [1.0] * 40, "pad": "z" * 4096},
+        413,
+        "SGAIS_MAX_BODY_BYTES",
+    ),
     ("too-many-observations", "POST", CHUNKS, {"x": [[1, 2]] * 51, "y": [1] * 51}, 413, "y: 51 observations"),
     ("seq-gap", "POST", CHUNKS, {**GOOD, "seq": 3}, 409, "seq"),
     ("seq-replay-different", "POST", CHUNKS, {**GOOD, "y": [1.0, 2.5]}, 409, "seq"),
@@ -39,21 +46,57 @@ CASES = [
     ("unknown-stream", "POST", "/v1/streams/nope/chunks", {"x": [[1, 2]], "y": [1]}, 404, "nope"),
     ("invalid-stream-name", "POST", "/v1/streams/Bad!/chunks", {"x": [[1, 2]], "y": [1]}, 422, "stream"),
     ("unknown-family", "POST", "/v1/models", {"name": "m2", "family": "nope"}, 422, "family"),
-    ("unknown-param", "POST", "/v1/models", {"name": "m2", "family": "linear_regression",
-                                             "params": {"features": 2, "bogus": 1}}, 422, "bogus"),
+    (
+        "unknown-param",
+        "POST",
+        "/v1/models",
+        {"name": "m2", "family": "linear_regression", "params": {"features": 2, "bogus": 1}},
+        422,
+        "bogus",
+    ),
     ("missing-param", "POST", "/v1/models", {"name": "m2", "family": "linear_regression"}, 422, "features"),
-    ("unknown-sampler-setting", "POST", "/v1/models", {"name": "m2", **SMALL_MODEL,
-                                                       "sampler": {"particlez": 5}}, 422, "particlez"),
-    ("bad-sampler-value", "POST", "/v1/models", {"name": "m2", **SMALL_MODEL, "sampler": {"particles": 1}},
-     422, "particles"),
+    (
+        "unknown-sampler-setting",
+        "POST",
+        "/v1/models",
+        {"name": "m2", **SMALL_MODEL, "sampler": {"particlez": 5}},
+        422,
+        "particlez",
+    ),
+    (
+        "bad-sampler-value",
+        "POST",
+        "/v1/models",
+        {"name": "m2", **SMALL_MODEL, "sampler": {"particles": 1}},
+        422,
+        "particles",
+    ),
     ("unknown-alert-setting", "POST", "/v1/models", {"name": "m2", **SMALL_MODEL, "alerts": {"x": 1}}, 422, "alerts"),
     ("invalid-name", "POST", "/v1/models", {"name": "Bad Name", **SMALL_MODEL}, 422, "name"),
-    ("negative-prior", "POST", "/v1/models", {"name": "m2", **SMALL_MODEL, "prior_probability": -1}, 422,
-     "prior_probability"),
-    ("wrong-type-params", "POST", "/v1/models", {"name": "m2", "family": "linear_regression", "params": [2]},
-     422, "params"),
-    ("schema-mismatch", "POST", "/v1/models", {"name": "m2", "stream": "s", "family": "linear_regression",
-                                               "params": {"features": 5}}, 422, "params"),
+    (
+        "negative-prior",
+        "POST",
+        "/v1/models",
+        {"name": "m2", **SMALL_MODEL, "prior_probability": -1},
+        422,
+        "prior_probability",
+    ),
+    (
+        "wrong-type-params",
+        "POST",
+        "/v1/models",
+        {"name": "m2", "family": "linear_regression", "params": [2]},
+        422,
+        "params",
+    ),
+    (
+        "schema-mismatch",
+        "POST",
+        "/v1/models",
+        {"name": "m2", "stream": "s", "family": "linear_regression", "params": {"features": 5}},
+        422,
+        "params",
+    ),
     ("duplicate-model", "POST", "/v1/models", {"name": "a", "stream": "s", **SMALL_MODEL}, 409, "exists"),
     ("trace-limit", "GET", "/v1/models/a/trace?limit=0", None, 422, "limit"),
     ("unknown-model", "DELETE", "/v1/models/zz", None, 404, "zz"),
@@ -71,12 +114,25 @@ def test_bad_request_is_rejected_without_trace(settings, case):
     r = redis.Redis.from_url(s.redis_url)
     with TestClient(create_app(s, workers=0)) as c:
         assert c.post("/v1/models", json={"name": "a", "stream": "s", **SMALL_MODEL}).status_code == 201
-        assert c.post("/v1/models", json={"name": "clf", "stream": "c", "family": "logistic_regression",
-                                          "params": {"features": 2, "classes": 3}}).status_code == 201
+        assert (
+            c.post(
+                "/v1/models",
+                json={
+                    "name": "clf",
+                    "stream": "c",
+                    "family": "logistic_regression",
+                    "params": {"features": 2, "classes": 3},
+                },
+            ).status_code
+            == 201
+        )
         assert c.post(CHUNKS, json=GOOD).status_code == 202
         before = dump(r, s.key_prefix)
-        kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, str) \
+        kwargs = (
+            {"content": body, "headers": {"content-type": "application/json"}}
+            if isinstance(body, str)
             else ({"json": body} if body is not None else {})
+        )
         res = c.request(method, path, **kwargs)
         assert res.status_code == status, res.text
         detail = json.dumps(res.json()["detail"])

@@ -10,17 +10,21 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from workers.store.keys import Keys
 from tests.conftest import SMALL_MODEL
 from tests.integration.helpers import linear_chunks
-from workers.store.commit import Scripts
 from workers.runner import LeaseLost, Worker
+from workers.store.commit import Scripts
+from workers.store.keys import Keys
 
 # "b" has 100x the prior weight but a noise std 5x too large: it leads at 0 observations, "a" after 300.
 MODELS = {
     "a": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "block_size": 300}},
-    "b": {**SMALL_MODEL, "params": {"features": 2, "noise_std": 5.0},
-          "sampler": {**SMALL_MODEL["sampler"], "block_size": 300, "seed": 4}, "prior_probability": 100.0},
+    "b": {
+        **SMALL_MODEL,
+        "params": {"features": 2, "noise_std": 5.0},
+        "sampler": {**SMALL_MODEL["sampler"], "block_size": 300, "seed": 4},
+        "prior_probability": 100.0,
+    },
 }
 
 
@@ -78,8 +82,9 @@ def test_stream_posterior_events_and_model_switch(api, settings, r):
         events.append(json.loads(msg["data"]))
     pubsub.close()
 
-    evidence = sorted(((e["model"], e["chunks_processed"], e["chunks_pending"]) for e in events
-                       if e["type"] == "evidence"))
+    evidence = sorted(
+        (e["model"], e["chunks_processed"], e["chunks_pending"]) for e in events if e["type"] == "evidence"
+    )
     assert evidence == [("a", 1, 1), ("a", 2, 0), ("b", 1, 1), ("b", 2, 0)]
     posteriors = [e for e in events if e["type"] == "posterior"]
     assert [p["observations"] for p in posteriors] == [0, 300, 600]  # one event per move of the common count
@@ -88,7 +93,11 @@ def test_stream_posterior_events_and_model_switch(api, settings, r):
     switches = [e for e in events if e["type"] == "alert" and e["kind"] == "model_switch"]
     assert len(switches) == 1
     assert {k: switches[0][k] for k in ("stream", "model", "observation_index", "detected_at_index")} == {
-        "stream": "s", "model": "a", "observation_index": 0, "detected_at_index": 299}
+        "stream": "s",
+        "model": "a",
+        "observation_index": 0,
+        "detected_at_index": 299,
+    }
     stored = api.get("/v1/alerts", params={"kind": "model_switch"}).json()["items"]
     assert [a["id"] for a in stored] == [switches[0]["id"]]
     leader = json.loads(r.get(Keys(settings.key_prefix).leader("default", "s")))
@@ -115,11 +124,34 @@ def test_commit_script_stores_a_chunk_of_many_blocks(settings, r):
     # a chunk of 20,000 one-observation blocks (block_size 1) is 20,000 trace rows in one commit
     keys, n = Keys(settings.key_prefix), 20_000
     r.set(keys.lease("default", "m"), "token")
-    rows = [{"seq": 1, "first_index": i, "block_observations": 1, "observations": i + 1, "log_predictive": -1.0,
-             "log_evidence": -1.0 - i, "annealing_steps": 1, "ess": 10.0, "resampled": False,
-             "guard_tripped": False, "seconds": 0.001} for i in range(n)]
-    Scripts(r, keys).commit(tenant="default", model="m", stream="s", token="token", ttl_ms=1000,
-                            checkpoint={"chunks": 1, "observations": n}, rows=rows, events=[], alerts=[],
-                            observations=n, known=None)
+    rows = [
+        {
+            "seq": 1,
+            "first_index": i,
+            "block_observations": 1,
+            "observations": i + 1,
+            "log_predictive": -1.0,
+            "log_evidence": -1.0 - i,
+            "annealing_steps": 1,
+            "ess": 10.0,
+            "resampled": False,
+            "guard_tripped": False,
+            "seconds": 0.001,
+        }
+        for i in range(n)
+    ]
+    Scripts(r, keys).commit(
+        tenant="default",
+        model="m",
+        stream="s",
+        token="token",
+        ttl_ms=1000,
+        checkpoint={"chunks": 1, "observations": n},
+        rows=rows,
+        events=[],
+        alerts=[],
+        observations=n,
+        known=None,
+    )
     assert r.zcard(keys.trace("default", "m")) == n
     assert int(r.hget(keys.block_seconds, "count")) == n

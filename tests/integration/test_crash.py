@@ -19,19 +19,35 @@ from service.app import create_app
 from tests.conftest import SMALL_MODEL, wait_until
 from tests.integration.helpers import linear_chunks, reference_trace, strip
 
-MODELS = {f"m{i}": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 10 + i, "block_size": 100}}
-          for i in range(3)}
+MODELS = {
+    f"m{i}": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 10 + i, "block_size": 100}} for i in range(3)
+}
 # re-annealing over the whole history at 400, 800, 1,600 and 3,200 observations: long blocks (the
 # worker renews its 1 s lease from the engine's heartbeat) and more state to get bit-identical
-MODELS["m3"] = {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 13, "block_size": 100,
-                                           "warmup_observations": 300, "reanneal_steps": 1}}
+MODELS["m3"] = {
+    **SMALL_MODEL,
+    "sampler": {
+        **SMALL_MODEL["sampler"],
+        "seed": 13,
+        "block_size": 100,
+        "warmup_observations": 300,
+        "reanneal_steps": 1,
+    },
+}
 
 
 def start_worker(settings, lease_ttl: float = 1.0) -> subprocess.Popen:
-    env = {**os.environ, "SGAIS_REDIS_URL": settings.redis_url, "SGAIS_KEY_PREFIX": settings.key_prefix,
-           "SGAIS_LEASE_TTL_SECONDS": str(lease_ttl), "SGAIS_HEARTBEAT_SECONDS": "0.2", "SGAIS_POLL_SECONDS": "0.1"}
-    return subprocess.Popen([sys.executable, "-m", "workers.runner"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "SGAIS_REDIS_URL": settings.redis_url,
+        "SGAIS_KEY_PREFIX": settings.key_prefix,
+        "SGAIS_LEASE_TTL_SECONDS": str(lease_ttl),
+        "SGAIS_HEARTBEAT_SECONDS": "0.2",
+        "SGAIS_POLL_SECONDS": "0.1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.runner"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def processed(client, chunks: int) -> bool:
@@ -66,7 +82,7 @@ def test_sigkilled_worker_resumes_bit_identical(api, settings):
     worker = start_worker(settings)
     try:
         while posted < len(chunks) or kills < 3:
-            for c in chunks[posted:posted + 4]:
+            for c in chunks[posted : posted + 4]:
                 assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
             posted = min(posted + 4, len(chunks))
             before = progress(api)
@@ -152,9 +168,25 @@ def _free_port() -> int:
 
 
 def _redis_server(port: int, directory: str) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", directory,
-                             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            directory,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     r = redis.Redis(port=port)
     wait_until(lambda: _pings(r), timeout=10)
     return proc

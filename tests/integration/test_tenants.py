@@ -13,13 +13,21 @@ ALICE, BOB = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
 CHUNK = {"x": [[1.0, 2.0]], "y": [0.5]}
 
 SCOPED = [  # routes naming alice's model "a" or stream "s"
-    ("GET", "/v1/models/a", None), ("DELETE", "/v1/models/a", None), ("POST", "/v1/models/a/chunks", CHUNK),
-    ("GET", "/v1/models/a/evidence", None), ("GET", "/v1/models/a/trace", None),
-    ("GET", "/v1/models/a/posterior", None), ("POST", "/v1/streams/s/chunks", CHUNK),
-    ("GET", "/v1/streams/s", None), ("GET", "/v1/streams/s/posterior", None),
+    ("GET", "/v1/models/a", None),
+    ("DELETE", "/v1/models/a", None),
+    ("POST", "/v1/models/a/chunks", CHUNK),
+    ("GET", "/v1/models/a/evidence", None),
+    ("GET", "/v1/models/a/trace", None),
+    ("GET", "/v1/models/a/posterior", None),
+    ("POST", "/v1/streams/s/chunks", CHUNK),
+    ("GET", "/v1/streams/s", None),
+    ("GET", "/v1/streams/s/posterior", None),
 ]
-UNSCOPED = [("GET", "/v1/models", None), ("POST", "/v1/models", {"name": "z", **SMALL_MODEL}),
-            ("GET", "/v1/alerts", None)]
+UNSCOPED = [
+    ("GET", "/v1/models", None),
+    ("POST", "/v1/models", {"name": "z", **SMALL_MODEL}),
+    ("GET", "/v1/alerts", None),
+]
 
 
 @pytest.fixture

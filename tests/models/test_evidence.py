@@ -65,6 +65,7 @@ def _gmm(dim):
         y = torch.randn(N, dim, generator=g, dtype=D64) * scale + loc
         exact = gmm_one_component_log_evidence(y.numpy(), 1.0, 1.0, 4.0)
         return ("gmm", {"dim": dim, "components": 1}), None, (y[:, 0] if dim == 1 else y), exact
+
     return make
 
 

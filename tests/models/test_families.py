@@ -21,8 +21,17 @@ CASES = [
     ("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 1.3}),
     ("logistic_regression", {"features": 3, "classes": 4, "prior_std": 1.5}),
     ("gmm", {"dim": 1, "components": 1}),
-    ("gmm", {"dim": 2, "components": 3, "dirichlet_alpha": 2.0, "variance_shape": 2.5, "variance_scale": 0.5,
-             "mean_scale": 3.0}),
+    (
+        "gmm",
+        {
+            "dim": 2,
+            "components": 3,
+            "dirichlet_alpha": 2.0,
+            "variance_shape": 2.5,
+            "variance_scale": 0.5,
+            "mean_scale": 3.0,
+        },
+    ),
     ("autoregressive", {"order": 3, "noise_std": 0.5, "prior_std": 0.8}),
     ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
     ("bnn", {"features": 3, "hidden": [5], "outputs": 1, "noise_std": 0.4}),
@@ -65,7 +74,9 @@ def reference_log_lik(family, v: dict[str, torch.Tensor], x, y) -> torch.Tensor:
     if name == "gmm":
         comps = []
         for k in range(p.components):
-            comps.append(torch.log(v["weights"][k]) + Normal(v["means"][k], v["variances"][k].sqrt()).log_prob(y).sum(-1))
+            comps.append(
+                torch.log(v["weights"][k]) + Normal(v["means"][k], v["variances"][k].sqrt()).log_prob(y).sum(-1)
+            )
         return torch.logsumexp(torch.stack(comps, -1), -1)
     if name == "autoregressive":
         std = p.noise_std if p.noise_std is not None else v["variance"].sqrt()
@@ -193,8 +204,11 @@ def test_gmm_simplex_block_integrates_to_the_rest_of_the_prior():
     values, _ = family.space.constrain(theta0[None])
     var, mu = values["variances"][0], values["means"][0]
     one = torch.tensor(1.0, dtype=D64)
-    rest = (InverseGamma(one, one).log_prob(var).sum() + torch.log(var).sum()
-            + Normal(0.0, (4.0 * var).sqrt()).log_prob(mu).sum())
+    rest = (
+        InverseGamma(one, one).log_prob(var).sum()
+        + torch.log(var).sum()
+        + Normal(0.0, (4.0 * var).sqrt()).log_prob(mu).sum()
+    )
     grid = torch.linspace(-30, 30, 801, dtype=D64)
     u1, u2 = torch.meshgrid(grid, grid, indexing="ij")
     theta = theta0.repeat(u1.numel(), 1)
@@ -221,8 +235,14 @@ def test_autoregressive_variance_coordinate_integrates_to_the_normal_part():
 def test_gmm_prior_draws_follow_dirichlet_and_inverse_gamma():
     # Kolmogorov-Smirnov on 4000 deterministic draws: weights_k ~ Beta(a, (K-1)a), sigma^2 ~ InvGamma,
     # mu / sqrt(mean_scale sigma^2) ~ N(0,1).  p > 1e-3 fails with probability 1e-3 per check if correct.
-    p = {"dim": 2, "components": 3, "dirichlet_alpha": 0.7, "variance_shape": 2.0, "variance_scale": 3.0,
-         "mean_scale": 2.0}
+    p = {
+        "dim": 2,
+        "components": 3,
+        "dirichlet_alpha": 0.7,
+        "variance_shape": 2.0,
+        "variance_scale": 3.0,
+        "mean_scale": 2.0,
+    }
     family = make_family("gmm", p)
     values = family.sample_prior_constrained(torch.Generator().manual_seed(11), 4000, D64, torch.device("cpu"))
     w, var, mu = values["weights"], values["variances"], values["means"]

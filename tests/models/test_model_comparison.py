@@ -49,7 +49,8 @@ def test_true_model_probability_goes_to_one(seed):
     delta = [f - r for f, r in zip(full, reduced)]
     p = [1.0 / (1.0 + math.exp(-d)) for d in delta]  # P(3-feature model | data), equal prior odds
     exact = [
-        linear_regression_log_evidence(x[:n].numpy(), y[:n].numpy()) - linear_regression_log_evidence(x[:n, :2].numpy(), y[:n].numpy())
+        linear_regression_log_evidence(x[:n].numpy(), y[:n].numpy())
+        - linear_regression_log_evidence(x[:n, :2].numpy(), y[:n].numpy())
         for n in ns
     ]
     print(f"seed {seed}: SGAIS log BF {delta}, exact {exact}, p {p}")

@@ -152,8 +152,15 @@ def test_nan_in_the_block_raises_and_leaves_the_state_alone() -> None:
 # ----- determinism and checkpoints --------------------------------------------------------------
 
 # warm-up with 12 particles for the first 300 observations: resumes cross the reduction to 6
-SMALL = {"particles": 6, "warmup_particles": 12, "warmup_observations": 300, "burn_in": 4, "batch_size": 50,
-         "block_size": 100, "seed": 11}
+SMALL = {
+    "particles": 6,
+    "warmup_particles": 12,
+    "warmup_observations": 300,
+    "burn_in": 4,
+    "batch_size": 50,
+    "block_size": 100,
+    "seed": 11,
+}
 
 
 def _run(engine: ModelEngine, x: torch.Tensor, y: torch.Tensor, chunks: list[tuple[int, int]]):
@@ -253,10 +260,16 @@ def test_merged_population_averages_the_two_evidence_estimates() -> None:
     """(Ẑ_a + Ẑ_b)/2 exactly, for unequal population sizes; a population whose Ẑ is e^-200 times
     the other's leaves no survivor (systematic resampling gives floor/ceil of M·W_i copies)."""
     g = torch.Generator().manual_seed(3)
-    a = (torch.zeros(6, 2, dtype=torch.float64), torch.zeros(6, 2, dtype=torch.float64),
-         torch.randn(6, generator=g, dtype=torch.float64) - 50.0)
-    b = (torch.ones(9, 2, dtype=torch.float64), torch.ones(9, 2, dtype=torch.float64),
-         torch.randn(9, generator=g, dtype=torch.float64) - 49.0)
+    a = (
+        torch.zeros(6, 2, dtype=torch.float64),
+        torch.zeros(6, 2, dtype=torch.float64),
+        torch.randn(6, generator=g, dtype=torch.float64) - 50.0,
+    )
+    b = (
+        torch.ones(9, 2, dtype=torch.float64),
+        torch.ones(9, 2, dtype=torch.float64),
+        torch.randn(9, generator=g, dtype=torch.float64) - 49.0,
+    )
     theta, velocity, log_w = sgais.merge_populations(g, a, b)
     z = [float(torch.logsumexp(p[2], 0)) - math.log(p[2].shape[0]) for p in (a, b)]
     assert theta.shape == (6, 2) and velocity.shape == (6, 2)
@@ -289,7 +302,11 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float, expec
     x = torch.randn(3000, 3, generator=g, dtype=torch.float64)
     w = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     y = torch.cat([x[:600] @ w, -x[600:] @ w]) + 0.5 + torch.randn(3000, generator=g, dtype=torch.float64)
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 10, "reanneal_horizon": horizon, "change_burn_in": None})
+    e = ModelEngine(
+        "linear_regression",
+        {"features": 3},
+        {**SMALL, "reanneal_steps": 10, "reanneal_horizon": horizon, "change_burn_in": None},
+    )
     infos = e.update(x, y)
     assert max(i.annealing_steps for i in infos[3:6]) < 10 <= infos[6].annealing_steps
     assert [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
@@ -350,7 +367,11 @@ def test_fisher_diagonal_matches_per_observation_gradients() -> None:
 def _high_curvature_data(noise: float, n: int = 1500):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(n, 3, generator=g, dtype=torch.float64)
-    y = x @ torch.tensor([0.5, -1.0, 0.2], dtype=torch.float64) + 0.3 + noise * torch.randn(n, generator=g, dtype=torch.float64)
+    y = (
+        x @ torch.tensor([0.5, -1.0, 0.2], dtype=torch.float64)
+        + 0.3
+        + noise * torch.randn(n, generator=g, dtype=torch.float64)
+    )
     return x, y
 
 

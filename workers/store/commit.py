@@ -87,7 +87,9 @@ end
 # brace: the script appends the chunks pending, read in the same atomic step); n alerts + n (kind,
 # alert JSON, event JSON, score).
 # Returns {'lost'} (nothing written), {'ok'}, or {'moved', <stream state>} (written).
-COMMIT_LUA = _STREAM_STATE + """
+COMMIT_LUA = (
+    _STREAM_STATE
+    + """
 local at = 0
 local function nxt() at = at + 1; return ARGV[at] end
 local token, ttl, channel = nxt(), nxt(), nxt()
@@ -132,16 +134,20 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 if view then return {'moved', unpack(view)} end
 return {'ok'}
 """
+)
 
 # KEYS: stream models, leader.  ARGV: key prefixes of model configs, checkpoints, traces; n known
 # names and the names.  Returns {'same'} or {'moved', <stream state>}.  Writes nothing.
-STREAM_LUA = _STREAM_STATE + """
+STREAM_LUA = (
+    _STREAM_STATE
+    + """
 local known = {}
 for i = 5, 4 + tonumber(ARGV[4]) do known[ARGV[i]] = true end
 local view = stream_state(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], known, '', 0)
 if view then return {'moved', unpack(view)} end
 return {'same'}
 """
+)
 
 # KEYS: lease, leader, alerts, alerts_total.  ARGV: token, the leader record read ('' = none),
 # the new record, events channel, posterior event ('' = none), alert kind ('' = no alert), alert
@@ -202,9 +208,21 @@ class Scripts:
         k = self.keys
         return [k.model(tenant, ""), k.checkpoint(tenant, ""), k.trace(tenant, ""), len(known), *known]
 
-    def commit(self, *, tenant: str, model: str, stream: str, token: str, ttl_ms: int,
-               checkpoint: dict[str, Any], rows: list[dict], events: list[tuple[int, str]],
-               alerts: list[dict], observations: int, known: list[str] | None) -> StreamState | None:
+    def commit(
+        self,
+        *,
+        tenant: str,
+        model: str,
+        stream: str,
+        token: str,
+        ttl_ms: int,
+        checkpoint: dict[str, Any],
+        rows: list[dict],
+        events: list[tuple[int, str]],
+        alerts: list[dict],
+        observations: int,
+        known: list[str] | None,
+    ) -> StreamState | None:
         """Run :data:`COMMIT_LUA`: the checkpoint hash fields, the trace ``rows`` (scored by ``first_index``,
         each counted in the block-latency histogram by its ``seconds``), ``events`` as ``(chunks processed,
         evidence event head)`` (:func:`workers.store.records.evidence_event_head`), ``alerts`` (full records).
@@ -237,9 +255,20 @@ class Scripts:
         args.append(len(alerts))
         for a in alerts:
             args += [a["kind"], json.dumps(a), json.dumps({"type": "alert", **a}), repr(time.time() * 1000)]
-        reply = self._commit(keys=[
-            k.lease(t, model), k.checkpoint(t, model), k.trace(t, model), k.alerts(t), k.alerts_total,
-            k.block_seconds, k.meta(t, stream), k.stream_models(t, stream), k.leader(t, stream)], args=args)
+        reply = self._commit(
+            keys=[
+                k.lease(t, model),
+                k.checkpoint(t, model),
+                k.trace(t, model),
+                k.alerts(t),
+                k.alerts_total,
+                k.block_seconds,
+                k.meta(t, stream),
+                k.stream_models(t, stream),
+                k.leader(t, stream),
+            ],
+            args=args,
+        )
         if reply[0] == b"lost":
             raise LeaseLost(model)
         return parse_state(reply)
@@ -248,11 +277,24 @@ class Scripts:
         """Run :data:`STREAM_LUA`: the stream's state when its common count differs from the leader
         record's, else None.  Writes nothing."""
         k = self.keys
-        return parse_state(self._stream(keys=[k.stream_models(tenant, stream), k.leader(tenant, stream)],
-                                        args=self._query(tenant, known)))
+        return parse_state(
+            self._stream(
+                keys=[k.stream_models(tenant, stream), k.leader(tenant, stream)], args=self._query(tenant, known)
+            )
+        )
 
-    def set_leader(self, *, tenant: str, model: str, stream: str, token: str, expected: bytes,
-                   record: dict[str, Any], posterior: dict[str, Any] | None, alert: dict[str, Any] | None) -> bool:
+    def set_leader(
+        self,
+        *,
+        tenant: str,
+        model: str,
+        stream: str,
+        token: str,
+        expected: bytes,
+        record: dict[str, Any],
+        posterior: dict[str, Any] | None,
+        alert: dict[str, Any] | None,
+    ) -> bool:
         """Run :data:`LEADER_LUA`: store the leader ``record``, publish the ``posterior`` event body (None =
         none) and store + publish the ``alert`` (None = none), if the leader record is still ``expected``
         (b"" = none).  False (nothing written) when it is not.
@@ -263,11 +305,20 @@ class Scripts:
             The lease does not hold ``token``: nothing was written.
         """
         k, t = self.keys, tenant
-        res = self._leader(keys=[k.lease(t, model), k.leader(t, stream), k.alerts(t), k.alerts_total], args=[
-            token, expected, json.dumps(record), k.events(t, stream),
-            json.dumps({"type": "posterior", **posterior}) if posterior is not None else "",
-            alert["kind"] if alert else "", json.dumps(alert) if alert else "",
-            json.dumps({"type": "alert", **alert}) if alert else "", repr(time.time() * 1000)])
+        res = self._leader(
+            keys=[k.lease(t, model), k.leader(t, stream), k.alerts(t), k.alerts_total],
+            args=[
+                token,
+                expected,
+                json.dumps(record),
+                k.events(t, stream),
+                json.dumps({"type": "posterior", **posterior}) if posterior is not None else "",
+                alert["kind"] if alert else "",
+                json.dumps(alert) if alert else "",
+                json.dumps({"type": "alert", **alert}) if alert else "",
+                repr(time.time() * 1000),
+            ],
+        )
         if res == b"lost":
             raise LeaseLost(model)
         return res == b"ok"

@@ -61,8 +61,9 @@ async def get_meta(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> d
     return meta
 
 
-async def ingest(r: aioredis.Redis, keys: Keys, tenant: str, stream: str, seq: int | None,
-                 chunk: dict[str, Any], n: int) -> dict[str, Any]:
+async def ingest(
+    r: aioredis.Redis, keys: Keys, tenant: str, stream: str, seq: int | None, chunk: dict[str, Any], n: int
+) -> dict[str, Any]:
     """Append a validated, encoded chunk to the stream log atomically; the ack body.
 
     Raises HTTPException 404 (no stream), 409 (seq gap or replay with different content).
@@ -73,9 +74,18 @@ async def ingest(r: aioredis.Redis, keys: Keys, tenant: str, stream: str, seq: i
         digest.update(v if isinstance(v, bytes) else v.encode())
         digest.update(b"|")
     res = await r.eval(
-        INGEST_LUA, 3, keys.meta(tenant, stream), keys.log(tenant, stream), keys.seqs(tenant, stream),
-        "" if seq is None else str(seq), digest.hexdigest(), str(n),
-        chunk["x_shape"], chunk["y_shape"], chunk["x"], chunk["y"],
+        INGEST_LUA,
+        3,
+        keys.meta(tenant, stream),
+        keys.log(tenant, stream),
+        keys.seqs(tenant, stream),
+        "" if seq is None else str(seq),
+        digest.hexdigest(),
+        str(n),
+        chunk["x_shape"],
+        chunk["y_shape"],
+        chunk["x"],
+        chunk["y"],
     )
     outcome = res[0].decode() if isinstance(res[0], bytes) else res[0]
     if outcome == "missing":
@@ -84,8 +94,13 @@ async def ingest(r: aioredis.Redis, keys: Keys, tenant: str, stream: str, seq: i
         raise HTTPException(status.HTTP_409_CONFLICT, f"seq: expected {int(res[1]) + 1}, got {seq} (gap)")
     if outcome == "conflict":
         raise HTTPException(status.HTTP_409_CONFLICT, f"seq: chunk {seq} was accepted with different content")
-    return {"stream": stream, "seq": int(res[1]), "first_index": int(res[2]), "n_observations": int(res[3]),
-            "duplicate": outcome == "duplicate"}
+    return {
+        "stream": stream,
+        "seq": int(res[1]),
+        "first_index": int(res[2]),
+        "n_observations": int(res[3]),
+        "duplicate": outcome == "duplicate",
+    }
 
 
 CKPT_FIELDS = ("chunks", "observations", "log_evidence", "last_block", "status", "error")
@@ -151,17 +166,31 @@ async def create_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
                     raise HTTPException(status.HTTP_409_CONFLICT, f"model {name!r} already exists")
                 existing = await pipe.hget(meta, "schema")
                 if existing is not None and json.loads(existing) != schema:
-                    raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [{
-                        "loc": ["body", "params"], "type": "schema_mismatch",
-                        "msg": f"stream {stream!r} takes observations {existing}; this model takes {json.dumps(schema)}",
-                    }])
+                    raise HTTPException(
+                        status.HTTP_422_UNPROCESSABLE_CONTENT,
+                        [
+                            {
+                                "loc": ["body", "params"],
+                                "type": "schema_mismatch",
+                                "msg": f"stream {stream!r} takes observations {existing}; this model takes {json.dumps(schema)}",
+                            }
+                        ],
+                    )
                 pipe.multi()
                 pipe.set(mkey, json.dumps(cfg))
                 pipe.sadd(keys.tenant_models(tenant), name)
                 pipe.sadd(keys.stream_models(tenant, stream), name)
                 if existing is None:
-                    pipe.hset(meta, mapping={"schema": json.dumps(schema), "family": cfg["family"],
-                                             "params": json.dumps(cfg["params"]), "chunks": 0, "observations": 0})
+                    pipe.hset(
+                        meta,
+                        mapping={
+                            "schema": json.dumps(schema),
+                            "family": cfg["family"],
+                            "params": json.dumps(cfg["params"]),
+                            "chunks": 0,
+                            "observations": 0,
+                        },
+                    )
                 pipe.sadd(keys.models, model_ref(tenant, name))
                 await pipe.execute()
                 return
@@ -176,8 +205,9 @@ async def delete_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
     mine = [a for a in alerts if json.loads(a)["model"] == name]
     pipe = r.pipeline(transaction=True)
     pipe.srem(keys.models, model_ref(tenant, name))
-    pipe.delete(keys.model(tenant, name), keys.checkpoint(tenant, name), keys.trace(tenant, name),
-                keys.lease(tenant, name))
+    pipe.delete(
+        keys.model(tenant, name), keys.checkpoint(tenant, name), keys.trace(tenant, name), keys.lease(tenant, name)
+    )
     pipe.srem(keys.tenant_models(tenant), name)
     pipe.srem(keys.stream_models(tenant, cfg["stream"]), name)
     if mine:

@@ -25,6 +25,7 @@ def encode_chunk(x: torch.Tensor | None, y: torch.Tensor) -> dict[str, bytes | s
 
 def decode_chunk(fields: dict[bytes, bytes]) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Inverse of :func:`encode_chunk` on the raw fields of an XRANGE entry -> float64 tensors."""
+
     def tensor(data: bytes, shape: bytes) -> torch.Tensor:
         return torch.frombuffer(bytearray(data), dtype=torch.float64).reshape(json.loads(shape))
 
@@ -39,17 +40,30 @@ def evidence_body(model: str, stream: str, ckpt: dict[str, str] | None, stream_c
     """The evidence resource (API.md) from a checkpoint hash (decoded, ``state`` left out)."""
     if not ckpt or "chunks" not in ckpt:
         return {
-            "model": model, "stream": stream, "status": "pending", "error": None, "observations": 0,
-            "chunks_processed": 0, "chunks_pending": stream_chunks, "log_evidence": 0.0,
-            "log_evidence_per_observation": None, "last_block": None,
+            "model": model,
+            "stream": stream,
+            "status": "pending",
+            "error": None,
+            "observations": 0,
+            "chunks_processed": 0,
+            "chunks_pending": stream_chunks,
+            "log_evidence": 0.0,
+            "log_evidence_per_observation": None,
+            "last_block": None,
         }
     obs = int(ckpt["observations"])
     chunks = int(ckpt["chunks"])
     lz = float(ckpt["log_evidence"])
     return {
-        "model": model, "stream": stream, "status": ckpt.get("status") or "ok", "error": ckpt.get("error") or None,
-        "observations": obs, "chunks_processed": chunks, "chunks_pending": max(stream_chunks - chunks, 0),
-        "log_evidence": lz, "log_evidence_per_observation": lz / obs if obs else None,
+        "model": model,
+        "stream": stream,
+        "status": ckpt.get("status") or "ok",
+        "error": ckpt.get("error") or None,
+        "observations": obs,
+        "chunks_processed": chunks,
+        "chunks_pending": max(stream_chunks - chunks, 0),
+        "log_evidence": lz,
+        "log_evidence_per_observation": lz / obs if obs else None,
         "last_block": json.loads(ckpt["last_block"]) if ckpt.get("last_block") else None,
     }
 
@@ -65,8 +79,19 @@ def evidence_event_head(model: str, stream: str, ckpt: dict[str, Any]) -> str:
 
 def block_of(row: dict[str, Any]) -> dict[str, Any]:
     """A trace row -> the ``last_block`` body (``observations`` = stream values in the block)."""
-    out = {k: row[k] for k in ("seq", "first_index", "log_predictive", "annealing_steps", "ess", "resampled",
-                               "seconds", "guard_tripped")}
+    out = {
+        k: row[k]
+        for k in (
+            "seq",
+            "first_index",
+            "log_predictive",
+            "annealing_steps",
+            "ess",
+            "resampled",
+            "seconds",
+            "guard_tripped",
+        )
+    }
     out["reannealed"] = row.get("reannealed", False)
     out["observations"] = row["block_observations"]
     return out
