@@ -7,7 +7,7 @@ Two kinds of record, one JSON file each under ``tests/data/golden/``:
   every block that :class:`workers.engine.ModelEngine` produces on fixed chunks, and the sha256 of the
   checkpoint bytes (``to_bytes()``) after each chunk;
 - ``worker.json``: one end-to-end run through the worker (a real Redis): models created through the API,
-  chunks posted, one :class:`workers.runner.Worker` stepped until idle, and the trace rows as stored (every
+  chunks posted, one :class:`workers.worker.Worker` stepped until idle, and the trace rows as stored (every
   field but ``seconds``, a wall-clock time).
 
 Re-record after an intended change of the numerics (one command, a real Redis needed for the worker run)::
@@ -103,8 +103,8 @@ def worker_golden(redis_url: str) -> dict[str, Any]:
 
     from service.app import create_app
     from workers.config import Settings
-    from workers.runner import Worker
     from workers.store.keys import Keys
+    from workers.worker import Worker
 
     prefix = f"sgais-golden-{uuid.uuid4().hex[:8]}"
     settings = Settings(redis_url=redis_url, key_prefix=prefix, api_keys="", lease_ttl_seconds=30.0, worker_id="golden")

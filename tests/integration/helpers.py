@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from workers.engine import ModelEngine
+from workers.store import records
+from workers.worker.blocks import absorb_chunk
 
 
 def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) -> list[dict]:
@@ -19,48 +21,18 @@ def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) ->
     return out
 
 
-COMPARED = (
-    "seq",
-    "first_index",
-    "observations",
-    "block_observations",
-    "log_predictive",
-    "log_evidence",
-    "annealing_steps",
-    "ess",
-    "resampled",
-    "guard_tripped",
-    "reannealed",
-)
+#: Every trace-row field but ``seconds`` (wall-clock time).
+COMPARED = ("seq", "first_index", "block_observations", "observations", *records.BLOCK_FIELDS)
 
 
 def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
-    """The trace an uninterrupted bare engine produces on ``chunks`` (every field but ``seconds``)."""
+    """The trace an uninterrupted bare engine produces on ``chunks`` (the worker's path from a chunk to its
+    trace rows, :func:`workers.worker.blocks.absorb_chunk`, without Redis)."""
     eng = ModelEngine(model["family"], model["params"], model["sampler"])
-    rows, first = [], 0
+    rows: list[dict] = []
     for chunk in chunks:
-        x, y = eng.family.validate(chunk["x"], chunk["y"])
-        size = eng.settings.block_size
-        for start in range(0, y.shape[0], size):
-            xb = x[start : start + size] if x is not None else None
-            (info,) = eng.update(xb, y[start : start + size], validated=True)
-            b = min(size, y.shape[0] - start)
-            rows.append(
-                {
-                    "seq": chunk["seq"],
-                    "first_index": first + start,
-                    "observations": first + start + b,
-                    "block_observations": b,
-                    "log_predictive": info.log_predictive,
-                    "log_evidence": info.log_evidence,
-                    "annealing_steps": info.annealing_steps,
-                    "ess": info.ess,
-                    "resampled": info.resampled,
-                    "guard_tripped": info.guard_tripped,
-                    "reannealed": info.reannealed,
-                }
-            )
-        first += y.shape[0]
+        first = rows[-1]["observations"] if rows else 0
+        rows += [b.row for b in absorb_chunk(eng, chunk.get("x"), chunk["y"], seq=chunk["seq"], first_index=first)]
     return rows
 
 

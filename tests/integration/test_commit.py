@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from tests.conftest import SMALL_MODEL
 from tests.integration.helpers import linear_chunks
-from workers.runner import LeaseLost, Worker
+from workers.worker import LeaseLost, Worker
 from workers.store.commit import Scripts
 from workers.store.keys import Keys
 
