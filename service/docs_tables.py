@@ -56,7 +56,7 @@ def render(text: str) -> str:
     """``text`` with every ``<!-- table:NAME -->`` block replaced by the current table."""
     for name, make in TABLES.items():
         pattern = re.compile(rf"(<!-- table:{name} -->\n)(?:.*?\n)?(<!-- /table:{name} -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
+        text = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(2), text)
     return text
 
 

@@ -94,7 +94,7 @@ async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: s
     return ack
 
 
-_responses = {
+_responses: dict[int | str, dict[str, Any]] = {
     404: {"description": "unknown stream or model"},
     409: {"description": "seq gap or replay with different content"},
     413: {"description": "body or chunk too large"},

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+from fastapi.testclient import TestClient
 
 from workers.engine import ModelEngine
 from workers.store import records
@@ -38,3 +45,30 @@ def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
 
 def strip(rows: list[dict]) -> list[dict]:
     return [{k: r[k] for k in COMPARED} for r in rows]
+
+
+def start_worker(settings, lease_ttl: float = 1.0) -> subprocess.Popen:
+    """A worker process (``python -m workers.runner``) on ``settings``' Redis and prefix, with a lease TTL
+    of ``lease_ttl`` seconds, a 0.2 s heartbeat and a 0.1 s poll."""
+    env = {
+        **os.environ,
+        "SGAIS_REDIS_URL": settings.redis_url,
+        "SGAIS_KEY_PREFIX": settings.key_prefix,
+        "SGAIS_LEASE_TTL_SECONDS": str(lease_ttl),
+        "SGAIS_HEARTBEAT_SECONDS": "0.2",
+        "SGAIS_POLL_SECONDS": "0.1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.runner"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+@contextmanager
+def api_with_models(settings, models: dict[str, dict], stream: str = "s") -> Iterator[TestClient]:
+    """A test client of an app without worker threads, with ``models`` (name -> config) created on ``stream``."""
+    from service.app import create_app
+
+    with TestClient(create_app(settings, workers=0)) as c:
+        for name, model in models.items():
+            assert c.post("/v1/models", json={"name": name, "stream": stream, **model}).status_code == 201
+        yield c

@@ -4,17 +4,13 @@ other models of the worker keep their leases."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import redis
 from fastapi.testclient import TestClient
 
 from service.app import create_app
 from tests.conftest import SMALL_MODEL, wait_until
-from tests.integration.helpers import linear_chunks, reference_trace, strip
+from tests.integration.helpers import api_with_models, linear_chunks, reference_trace, start_worker, strip
 from workers.store.keys import Keys, counter_field
 
 LEASE_TTL = 0.5
@@ -27,28 +23,12 @@ HEAVY = {
 }
 
 
-def start_worker(settings, lease_ttl: float) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "SGAIS_REDIS_URL": settings.redis_url,
-        "SGAIS_KEY_PREFIX": settings.key_prefix,
-        "SGAIS_LEASE_TTL_SECONDS": str(lease_ttl),
-        "SGAIS_HEARTBEAT_SECONDS": "0.2",
-        "SGAIS_POLL_SECONDS": "0.1",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "workers.runner"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-
-
 @pytest.mark.slow
 def test_blocks_longer_than_the_lease_are_absorbed_once(settings):
     models = {"heavy": HEAVY, "light": SMALL_MODEL}
     chunks = linear_chunks(2, 50, seed=2)
     keys, r = Keys(settings.key_prefix), redis.Redis.from_url(settings.redis_url)
-    with TestClient(create_app(settings, workers=0)) as api:
-        for name, model in models.items():
-            assert api.post("/v1/models", json={"name": name, "stream": "s", **model}).status_code == 201
+    with api_with_models(settings, models) as api:
         for c in chunks:
             assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
         worker = start_worker(settings, LEASE_TTL)

@@ -107,7 +107,7 @@ class Worker:
         if not cursors:
             self.stop.wait(self.s.poll_seconds)
             return
-        self.r.xread(cursors, count=1, block=max(int(self.s.poll_seconds * 1000), 1))  # type: ignore[arg-type]
+        self.r.xread(cursors, count=1, block=max(int(self.s.poll_seconds * 1000), 1))
 
     def heartbeat(self) -> None:
         """Renew every held lease (fenced) and the worker's heartbeat key, in one round trip."""
@@ -175,7 +175,7 @@ class Worker:
             The lease was lost (``blocks``: the blocks computed and not committed).
         """
         entries = self.r.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
-        for entry_id, fields in entries:  # type: ignore[union-attr]
+        for entry_id, fields in entries:
             if self.stop.is_set():
                 break
             try:
@@ -265,10 +265,10 @@ class Worker:
                     return
                 fresh = not pipe.hexists(k.checkpoint(t, h.name), "chunks")
                 pipe.multi()
-                fields = {"status": "error", "error": f"{type(err).__name__}: {err}"}
+                fields: dict[str, Any] = {"status": "error", "error": f"{type(err).__name__}: {err}"}
                 if fresh:
                     fields.update(chunks=0, observations=0, log_evidence="0.0", cursor="0-0")
-                pipe.hset(k.checkpoint(t, h.name), mapping=fields)  # type: ignore[arg-type]
+                pipe.hset(k.checkpoint(t, h.name), mapping=fields)
                 if h.cfg:
                     pipe.publish(
                         k.events(t, h.stream),
