@@ -57,6 +57,7 @@ def api(settings):
         yield c
 
 
+@pytest.mark.slow
 def test_sigkilled_worker_resumes_bit_identical(api, settings):
     chunks = linear_chunks(12, 300, seed=5)
     g = torch.Generator().manual_seed(1)
@@ -84,6 +85,7 @@ def test_sigkilled_worker_resumes_bit_identical(api, settings):
     assert [r["observations"] for r in trace if r["reannealed"]] == [400, 800, 1600, 3200]
 
 
+@pytest.mark.slow
 def test_a_reannealing_longer_than_the_lease_keeps_the_lease(api, settings):
     """m3's re-annealings over 1,600 and 3,200 rows take 0.3–0.7 s here, several times a 0.15 s
     lease: without the worker's heartbeat thread (renewing every lease every TTL/3 while a block
@@ -101,6 +103,7 @@ def test_a_reannealing_longer_than_the_lease_keeps_the_lease(api, settings):
     check_traces(api, chunks)
 
 
+@pytest.mark.slow
 def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
     """A pass over the four busy models of stream s takes seconds, many times a 0.3 s lease; the
     idle model on stream t must keep its lease (same token) instead of expiring and being re-leased
@@ -125,6 +128,7 @@ def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
         worker.wait()
 
 
+@pytest.mark.slow
 def test_racing_workers_apply_each_block_once(api, settings):
     chunks = linear_chunks(10, 300, seed=6)
     workers = [start_worker(settings), start_worker(settings)]

@@ -63,6 +63,8 @@ class Worker:
     # ----- loop -------------------------------------------------------------------------------
     def run(self) -> None:
         log.info("worker %s started", self.id)
+        with contextlib.suppress(redis.RedisError):
+            self.heartbeat()  # counted live before the first scan computes the fair share
         self._heartbeat = Heartbeat(self.heartbeat, self.beat_seconds, self.stop, f"{self.id}-heartbeat").start()
         try:
             while not self.stop.is_set():
@@ -83,8 +85,7 @@ class Worker:
         """One pass: rescan leases when due, absorb pending chunks.  True if any work was done.  Without the
         heartbeat thread (a step-driven worker) the leases and the heartbeat are renewed here when due."""
         now = time.monotonic()
-        if self._heartbeat is None and now - self._beat_at >= self.beat_seconds:
-            self.heartbeat()
+        self.beat_if_due()
         self.drop_lost()
         if now - self._scan_at >= self.s.poll_seconds:
             self.scan()
@@ -108,6 +109,12 @@ class Worker:
             self.stop.wait(self.s.poll_seconds)
             return
         self.r.xread(cursors, count=1, block=max(int(self.s.poll_seconds * 1000), 1))
+
+    def beat_if_due(self) -> None:
+        """Without the heartbeat thread (a step-driven worker): :meth:`heartbeat` when a period has passed.
+        Called at each pass and before each chunk, so leases outlive passes but not a block longer than the TTL."""
+        if self._heartbeat is None and time.monotonic() - self._beat_at >= self.beat_seconds:
+            self.heartbeat()
 
     def heartbeat(self) -> None:
         """Renew every held lease (fenced) and the worker's heartbeat key, in one round trip."""
@@ -178,6 +185,7 @@ class Worker:
         for entry_id, fields in entries:
             if self.stop.is_set():
                 break
+            self.beat_if_due()
             try:
                 self.absorb(h, entry_id, fields)
             except (NumericalError, ValueError) as err:
