@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-_spec = importlib.util.spec_from_file_location("bench_service", Path(__file__).resolve().parent / "service.py")
+_spec = importlib.util.spec_from_file_location("bench_service", Path(__file__).resolve().parent / "service_overhead.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 

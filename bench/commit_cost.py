@@ -1,9 +1,9 @@
 """What one commit costs the worker, measured in process: CPU and wall milliseconds and Redis round
 trips per model-chunk for the engine update and for the commit that follows it.
 
-The data, models and settings of ``bench/service.py`` (500-observation chunks, linear regression
+The data, models and settings of ``bench/service_overhead.py`` (500-observation chunks, linear regression
 d = 5, default sampler), posted through the API app in this process (no HTTP server), then absorbed
-by one ``workers.runner.Worker`` driven step by step, so nothing else competes with it except the
+by one ``workers.worker.Worker`` driven step by step, so nothing else competes with it except the
 Redis server.  Round trips are counted as calls of redis-py's ``send_packed_command`` (a pipeline
 or a script call is one).  Runs against any code base with the same Worker API (``PYTHONPATH``).
 
@@ -24,14 +24,14 @@ import redis.connection
 import torch
 from fastapi.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's service/, not bench/service.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's service/, no longer shadowed by bench/ (bench/service_overhead.py was bench/service.py)
 
 from service.app import create_app  # noqa: E402
 from workers.config import Settings  # noqa: E402
 from workers.engine import ModelEngine  # noqa: E402
-from workers.runner import Worker  # noqa: E402
+from workers.worker import Worker  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("bench_service", Path(__file__).resolve().parent / "service.py")
+_spec = importlib.util.spec_from_file_location("bench_service", Path(__file__).resolve().parent / "service_overhead.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 

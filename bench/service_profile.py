@@ -1,6 +1,6 @@
-"""Where the service's time goes per chunk: the ingest run of ``bench/service.py``, profiled.
+"""Where the service's time goes per chunk: the ingest run of ``bench/service_overhead.py``, profiled.
 
-Runs the same data, models and posting as ``bench/service.py`` (1 model, then 10 models on one
+Runs the same data, models and posting as ``bench/service_overhead.py`` (1 model, then 10 models on one
 stream), but starts the API (``sgais serve --workers 0``, embedded Redis) and ONE worker
 (``python -m workers.runner``) as separate processes so that each can be measured:
 
@@ -10,12 +10,12 @@ stream), but starts the API (``sgais serve --workers 0``, embedded Redis) and ON
   engine update, checkpoint serialisation, posterior summary, the commit's Redis round trips,
   waiting for data, lease scans; and the number of round trips (``send_packed_command`` calls);
 - Redis ``INFO commandstats``: calls and server microseconds per command;
-- the bare engine's CPU seconds on the same chunks (``bench/service.py``'s ``bare``), for a
+- the bare engine's CPU seconds on the same chunks (``bench/service_overhead.py``'s ``bare``), for a
   CPU-cost ratio that depends less on what else runs on the machine than the wall-time ratio.
 
     python bench/service_profile.py [--chunks 100] [--no-cprofile] [--top 25]
 
-Not a throughput benchmark (``bench/service.py`` is): the worker runs under a profiler.
+Not a throughput benchmark (``bench/service_overhead.py`` is): the worker runs under a profiler.
 """
 
 from __future__ import annotations
@@ -37,25 +37,25 @@ import redis
 import torch
 
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("bench_service", HERE / "service.py")
+_spec = importlib.util.spec_from_file_location("bench_service", HERE / "service_overhead.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 # (label, file suffix, function name): the worker's functions whose cumulative wall time is reported
 WORKER_FUNCS = [
-    ("loop (Worker.run)", "workers/runner.py", "run"),
-    ("  waiting for data (xread block)", "workers/runner.py", "wait_for_data"),
-    ("  lease scan + renew", "workers/runner.py", "scan"),
-    ("  heartbeat", "workers/runner.py", "heartbeat"),
-    ("  read entries (advance - absorb)", "workers/runner.py", "advance"),
-    ("  absorb (one chunk)", "workers/runner.py", "absorb"),
+    ("loop (Worker.run)", "workers/worker/loop.py", "run"),
+    ("  waiting for data (xread block)", "workers/worker/loop.py", "wait_for_data"),
+    ("  lease scan", "workers/worker/loop.py", "scan"),
+    ("  heartbeat", "workers/worker/loop.py", "heartbeat"),
+    ("  read entries (advance - absorb)", "workers/worker/loop.py", "advance"),
+    ("  absorb (one chunk)", "workers/worker/loop.py", "absorb"),
     ("    decode + validate", "models/base.py", "validate"),
     ("    engine update (ModelEngine.update)", "workers/engine.py", "update"),
     ("    alert detector", "workers/alerts.py", "detect"),
-    ("    commit", "workers/runner.py", "commit"),
+    ("    commit", "workers/worker/loop.py", "commit"),
     ("      checkpoint to_bytes", "workers/engine.py", "to_bytes"),
     ("      posterior_summary", "workers/engine.py", "posterior_summary"),
-    ("      compare (stream posterior)", "workers/runner.py", "compare"),
+    ("      stream posterior", "workers/worker/posterior.py", "compute"),
     ("      Redis: send", "redis/connection.py", "send_packed_command"),
     ("      Redis: read replies", "redis/connection.py", "read_response"),
     ("      json.dumps", "json/__init__.py", "dumps"),

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
+from service import errors
 from service.metrics import BodyLimitMiddleware, TimingMiddleware
 from service.routes import alerts, chunks, events, evidence, models, ops
 from workers.config import Settings, get_settings
@@ -30,7 +31,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         if workers:
             import sys
 
-            from workers.runner import Worker
+            from workers.worker import Worker
 
             # the event loop must get the GIL back quickly from the worker threads' Python-heavy
             # small-tensor work, or request latency grows by the 5 ms default switch interval per await
@@ -61,6 +62,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         lifespan=lifespan,
     )
     app.state.settings = settings  # what the SettingsDep dependency returns
+    errors.install(app)  # the store's domain errors -> 404 / 409 / 422
     for module in (models, chunks, evidence, alerts, events, ops):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -33,12 +33,8 @@ def embedded_redis(data_dir: Path):
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address [SGAIS_HOST, default 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option(help="port [SGAIS_PORT, default 8000]")] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Redis URL; omitted = embedded Redis under --data-dir")
-    ] = None,
-    data_dir: Annotated[
-        Path | None, typer.Option(help="embedded Redis files [SGAIS_DATA_DIR, ./sgais-data]")
-    ] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL; omitted = embedded Redis under --data-dir")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="embedded Redis files [SGAIS_DATA_DIR, ./sgais-data]")] = None,
     workers: Annotated[
         int | None, typer.Option(help="workers started with the API; 0 = API only [SGAIS_WORKERS, 1]")
     ] = None,
@@ -80,7 +76,7 @@ def serve(
         if settings.worker_mode == "process":
             env = {
                 **os.environ,
-                "SGAIS_REDIS_URL": settings.redis_url,
+                "SGAIS_REDIS_URL": settings.redis_url or "",  # set above (embedded Redis when unset)
                 "SGAIS_KEY_PREFIX": settings.key_prefix,
                 "SGAIS_DEVICE": settings.device,
             }
@@ -106,9 +102,7 @@ def serve(
 @app.command()
 def worker(
     redis_url: Annotated[str | None, typer.Option(help="Redis URL [SGAIS_REDIS_URL]")] = None,
-    metrics_port: Annotated[
-        int | None, typer.Option(help="serve Prometheus metrics here [SGAIS_METRICS_PORT]")
-    ] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics here [SGAIS_METRICS_PORT]")] = None,
 ) -> None:
     """Run one worker alone (scale-out): leases models and absorbs their chunks until SIGTERM."""
     from workers.config import get_settings

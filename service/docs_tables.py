@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -56,8 +57,12 @@ def render(text: str) -> str:
     """``text`` with every ``<!-- table:NAME -->`` block replaced by the current table."""
     for name, make in TABLES.items():
         pattern = re.compile(rf"(<!-- table:{name} -->\n)(?:.*?\n)?(<!-- /table:{name} -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
+        text = pattern.sub(partial(_fill, make()), text)
     return text
+
+
+def _fill(table: str, m: re.Match[str]) -> str:
+    return m.group(1) + table + "\n" + m.group(2)
 
 
 def main(argv: list[str]) -> None:

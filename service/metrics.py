@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from workers.store import reads as store
-from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
+from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_counter_field, parse_model_ref
 
 HTTP_SECONDS = Histogram("sgais_http_request_seconds", "HTTP request latency (seconds)", ["method", "route", "status"])
 
@@ -147,14 +147,28 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float)
         buckets=buckets,
         sum_value=float(hist.get("sum", 0.0)),
     )
+    fenced = [
+        await _worker_model_counter(r, keys.lease_losses, "sgais_lease_losses", "leases a worker lost on a model"),
+        await _worker_model_counter(
+            r, keys.retried_blocks, "sgais_retried_blocks", "blocks computed, refused by the lease fence and redone"
+        ),
+    ]
     leases = GaugeMetricFamily("sgais_worker_leases", "models leased by the worker", labels=["worker"])
     for wid in await r.zrangebyscore(keys.workers, time.time() - 3 * heartbeat_seconds, "+inf"):
         beat = await r.get(keys.worker(wid))
         if beat:
             leases.add_metric([wid], json.loads(beat)["leases"])
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Static([*g.values(), alerts, block, leases]))
+    registry.register(_Static([*g.values(), alerts, block, leases, *fenced]))
     return generate_latest(REGISTRY) + generate_latest(registry)
+
+
+async def _worker_model_counter(r: aioredis.Redis, key: str, name: str, doc: str) -> CounterMetricFamily:
+    """A counter by worker and model from a ``worker|T/model -> count`` hash (``P:metrics:lease_losses``...)."""
+    family = CounterMetricFamily(name, doc, labels=["worker", "tenant", "model"])
+    for field, count in sorted((await r.hgetall(key)).items()):
+        family.add_metric(list(parse_counter_field(field)), float(count))
+    return family
 
 
 class _Static:

@@ -7,6 +7,7 @@ import os
 import tempfile
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -18,7 +19,7 @@ from workers.config import Settings
 # different thread count may round differently, so reference runs in the tests use the same.
 torch.set_num_threads(1)
 
-SMALL_MODEL = {
+SMALL_MODEL: dict[str, Any] = {
     "family": "linear_regression",
     "params": {"features": 2},
     "sampler": {"particles": 10, "burn_in": 5, "seed": 3},

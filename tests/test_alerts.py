@@ -53,7 +53,7 @@ def run(rows, settings=alerts.AlertSettings(), state=None):
     return state, found
 
 
-@pytest.mark.parametrize("block,n_blocks", [(5, 20_000), (50, 4_000), (500, 2_000)])
+@pytest.mark.parametrize("block,n_blocks", [pytest.param(5, 20_000, marks=pytest.mark.slow), (50, 4_000), (500, 2_000)])
 def test_false_alarms_rare_on_stationary_trace(block, n_blocks):
     # Requirement: under the defaults, fewer than one false alarm per 2,000 blocks of a stationary,
     # well-specified trace. Measured with these generators: 3 evidence_drop alarms in 20,000 blocks

@@ -25,6 +25,7 @@ def invoke(*args: str):
     return runner.invoke(app, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_models_create_list_show_delete(url):
     r = invoke(
         "models",
@@ -53,6 +54,7 @@ def test_models_create_list_show_delete(url):
     assert r.exit_code == 1 and "404" in r.output
 
 
+@pytest.mark.slow
 def test_post_csv_in_chunks(url, tmp_path):
     csv_path = tmp_path / "data.csv"
     lines = ["t,a,b,y"] + [f"{i},{i * 0.1:.2f},{(-1) ** i},{0.5 * i - 1:.3f}" for i in range(23)]

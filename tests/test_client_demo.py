@@ -29,6 +29,7 @@ def service_url():
         yield url
 
 
+@pytest.mark.slow
 def test_quick_demo_writes_plots_summary_and_alerts(service_url, tmp_path):
     result = run_demo(tmp_path, quick=True, url=service_url, timeout=240)
     summary = tmp_path / "summary.csv"
@@ -125,6 +126,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
+@pytest.mark.slow
 def test_serve_stops_its_workers_and_embedded_redis_on_sigterm(tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"

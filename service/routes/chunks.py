@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from models import Family, ObservationError, make_family
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
-from service.schemas import ChunkAck, ChunkIn, Name, StreamModel, StreamOut
+from service.schemas import ChunkAck, ChunkIn, Name, StreamOut
 from workers.config import Settings
 from workers.store import reads as store
 from workers.store import records
@@ -69,7 +69,8 @@ _chunk_openapi = {
 async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: str, body: ChunkIn) -> dict[str, Any]:
     """Validate ``body`` fully with the stream's family, then append it atomically; the ack body.
 
-    Raises HTTPException 404 (no stream), 413 (too many observations), 422 (invalid values), 409 (seq).
+    Raises HTTPException 413 (too many observations), 422 (invalid values); the store's NotFound (no stream),
+    SeqGap, Conflict (seq).
     """
     n = len(body.y)
     if n > settings.max_chunk_observations:
@@ -93,7 +94,7 @@ async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: s
     return ack
 
 
-_responses = {
+_responses: dict[int | str, dict[str, Any]] = {
     404: {"description": "unknown stream or model"},
     409: {"description": "seq gap or replay with different content"},
     413: {"description": "body or chunk too large"},
@@ -151,24 +152,4 @@ async def post_model_chunk(
 @router.get("/streams/{stream}", response_model=StreamOut, response_model_by_alias=True)
 async def get_stream(stream: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
     """The stream's schema, chunk and observation counts, and how far each model has got."""
-    pipe = r.pipeline(transaction=False)  # clients poll this: two round trips, not three
-    pipe.hgetall(keys.meta(tenant, stream))
-    pipe.smembers(keys.stream_models(tenant, stream))
-    meta, names = await pipe.execute()
-    if not meta:
-        raise store.not_found("stream", stream)
-    names = sorted(names)
-    pipe = r.pipeline(transaction=False)
-    for m in names:
-        pipe.hmget(keys.checkpoint(tenant, m), ["chunks", "observations"])
-    models = [
-        StreamModel(name=m, chunks_processed=int(c or 0), observations_processed=int(o or 0))
-        for m, (c, o) in zip(names, await pipe.execute())
-    ]
-    return {
-        "name": stream,
-        "schema": json.loads(meta["schema"]),
-        "chunks": int(meta.get("chunks", 0)),
-        "observations": int(meta.get("observations", 0)),
-        "models": models,
-    }
+    return await store.stream_status(r, keys, tenant, stream)

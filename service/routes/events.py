@@ -12,8 +12,11 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from service.deps import SettingsDep, websocket_tenant
+from service.errors import http_error
 from service.routes.chunks import accept_chunk
 from service.schemas import NAME_PATTERN, ChunkIn
+from workers.store import reads as store
+from workers.store.errors import StoreError
 from workers.store.keys import Keys
 
 router = APIRouter(prefix="/v1", tags=["events"])
@@ -31,7 +34,7 @@ async def stream_events(websocket: WebSocket, stream: str, settings: SettingsDep
         await websocket.send_denial_response(JSONResponse({"detail": "missing or invalid API key"}, 401))
         return
     r, keys = websocket.app.state.redis, Keys(settings.key_prefix)
-    if not re.match(NAME_PATTERN, stream) or not await r.exists(keys.meta(tenant, stream)):
+    if not re.match(NAME_PATTERN, stream) or not await store.stream_exists(r, keys, tenant, stream):
         await websocket.send_denial_response(JSONResponse({"detail": f"stream {stream!r} not found"}, 404))
         return
     pubsub = r.pubsub(ignore_subscribe_messages=True)
@@ -68,7 +71,9 @@ async def stream_events(websocket: WebSocket, stream: str, settings: SettingsDep
             except ValidationError as err:
                 detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in err.errors()]
                 await send(json.dumps({"type": "error", "status": 422, "detail": detail}, default=str))
-            except HTTPException as err:
+            except (HTTPException, StoreError) as err:
+                if isinstance(err, StoreError):
+                    err = http_error(err)
                 await send(json.dumps({"type": "error", "status": err.status_code, "detail": err.detail}))
     except WebSocketDisconnect:
         pass

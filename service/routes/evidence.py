@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
-from redis.client import NEVER_DECODE
 
 from service.deps import KeysDep, RedisDep, TenantDep
 from service.schemas import Evidence, Name, Posterior, StreamPosterior, Trace
@@ -34,9 +32,7 @@ async def get_trace(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
     """Rows of processed blocks with ``first_index ≥ since_index``, in stream order (the evidence curve)."""
-    await store.get_model(r, keys, tenant, model)
-    rows = await r.zrangebyscore(keys.trace(tenant, model), since_index, "+inf", start=0, num=limit)
-    return {"items": [json.loads(row) for row in rows]}
+    return {"items": await store.trace(r, keys, tenant, model, since_index, limit)}
 
 
 @router.get(
@@ -47,10 +43,7 @@ async def get_trace(
 async def get_posterior(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
     """Posterior summary of every constrained parameter (weighted mean, std, 5%/95% quantiles), computed
     from the model's checkpoint when asked (the worker does not compute it for every chunk)."""
-    await store.get_model(r, keys, tenant, model)
-    state = await r.execute_command("HGET", keys.checkpoint(tenant, model), "state", **{NEVER_DECODE: True})
-    if state is None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"model {model!r} has not been picked up by a worker yet")
+    state = await store.checkpoint_state(r, keys, tenant, model)
     return await run_in_threadpool(posterior_summary_from_bytes, state)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,9 +76,7 @@ async def create_model(
 @router.get("", response_model=ModelList)
 async def list_models(r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
     """Every model of the caller's tenant, by name."""
-    names = sorted(await r.smembers(keys.tenant_models(tenant)))
-    raws = await r.mget([keys.model(tenant, n) for n in names]) if names else []
-    return {"items": [json.loads(raw) for raw in raws if raw is not None]}
+    return {"items": await store.list_models(r, keys, tenant)}
 
 
 @router.get("/{model}", response_model=ModelOut)

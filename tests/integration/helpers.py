@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+from fastapi.testclient import TestClient
 
 from workers.engine import ModelEngine
+from workers.store import records
+from workers.worker.blocks import absorb_chunk
 
 
 def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) -> list[dict]:
@@ -19,50 +28,47 @@ def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) ->
     return out
 
 
-COMPARED = (
-    "seq",
-    "first_index",
-    "observations",
-    "block_observations",
-    "log_predictive",
-    "log_evidence",
-    "annealing_steps",
-    "ess",
-    "resampled",
-    "guard_tripped",
-    "reannealed",
-)
+#: Every trace-row field but ``seconds`` (wall-clock time).
+COMPARED = ("seq", "first_index", "block_observations", "observations", *records.BLOCK_FIELDS)
 
 
 def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
-    """The trace an uninterrupted bare engine produces on ``chunks`` (every field but ``seconds``)."""
+    """The trace an uninterrupted bare engine produces on ``chunks`` (the worker's path from a chunk to its
+    trace rows, :func:`workers.worker.blocks.absorb_chunk`, without Redis)."""
     eng = ModelEngine(model["family"], model["params"], model["sampler"])
-    rows, first = [], 0
+    rows: list[dict] = []
     for chunk in chunks:
-        x, y = eng.family.validate(chunk["x"], chunk["y"])
-        size = eng.settings.block_size
-        for start in range(0, y.shape[0], size):
-            xb = x[start : start + size] if x is not None else None
-            (info,) = eng.update(xb, y[start : start + size], validated=True)
-            b = min(size, y.shape[0] - start)
-            rows.append(
-                {
-                    "seq": chunk["seq"],
-                    "first_index": first + start,
-                    "observations": first + start + b,
-                    "block_observations": b,
-                    "log_predictive": info.log_predictive,
-                    "log_evidence": info.log_evidence,
-                    "annealing_steps": info.annealing_steps,
-                    "ess": info.ess,
-                    "resampled": info.resampled,
-                    "guard_tripped": info.guard_tripped,
-                    "reannealed": info.reannealed,
-                }
-            )
-        first += y.shape[0]
+        first = rows[-1]["observations"] if rows else 0
+        rows += [b.row for b in absorb_chunk(eng, chunk.get("x"), chunk["y"], seq=chunk["seq"], first_index=first)]
     return rows
 
 
 def strip(rows: list[dict]) -> list[dict]:
     return [{k: r[k] for k in COMPARED} for r in rows]
+
+
+def start_worker(settings, lease_ttl: float = 1.0) -> subprocess.Popen:
+    """A worker process (``python -m workers.runner``) on ``settings``' Redis and prefix, with a lease TTL
+    of ``lease_ttl`` seconds, a 0.2 s heartbeat and a 0.1 s poll."""
+    env = {
+        **os.environ,
+        "SGAIS_REDIS_URL": settings.redis_url,
+        "SGAIS_KEY_PREFIX": settings.key_prefix,
+        "SGAIS_LEASE_TTL_SECONDS": str(lease_ttl),
+        "SGAIS_HEARTBEAT_SECONDS": "0.2",
+        "SGAIS_POLL_SECONDS": "0.1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.runner"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+@contextmanager
+def api_with_models(settings, models: dict[str, dict], stream: str = "s") -> Iterator[TestClient]:
+    """A test client of an app without worker threads, with ``models`` (name -> config) created on ``stream``."""
+    from service.app import create_app
+
+    with TestClient(create_app(settings, workers=0)) as c:
+        for name, model in models.items():
+            assert c.post("/v1/models", json={"name": name, "stream": stream, **model}).status_code == 201
+        yield c

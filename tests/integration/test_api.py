@@ -141,6 +141,7 @@ def test_websocket_events_and_chunk_ack(client):
         assert msg["status"] == 422 and "y" in str(msg["detail"])
 
 
+@pytest.mark.slow
 def test_alerts_on_a_change_point(client):
     create(client, "a", sampler={**SMALL_MODEL["sampler"], "block_size": 100})
     chunks = linear_chunks(8, 100, seed=4)
@@ -193,6 +194,7 @@ def test_readyz_without_workers_is_503(settings):
 MIXED = [("ar", "autoregressive", {"order": 1}), ("mix", "gmm", {"dim": 1, "components": 2})]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("models", [MIXED, MIXED[::-1]], ids=["ar-first", "gmm-first"])
 def test_families_with_different_layouts_share_a_stream(client, models):
     # An autoregressive model (y: [B]) and a 1-D mixture (y: [B, 1]) on one stream: the stream log

@@ -7,14 +7,12 @@ import json
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
-from service.app import create_app
 from tests.conftest import SMALL_MODEL
-from tests.integration.helpers import linear_chunks
-from workers.runner import LeaseLost, Worker
+from tests.integration.helpers import api_with_models, linear_chunks
 from workers.store.commit import Scripts
 from workers.store.keys import Keys
+from workers.worker import LeaseLost, Worker
 
 # "b" has 100x the prior weight but a noise std 5x too large: it leads at 0 observations, "a" after 300.
 MODELS = {
@@ -30,9 +28,7 @@ MODELS = {
 
 @pytest.fixture
 def api(settings):
-    with TestClient(create_app(settings, workers=0)) as c:
-        for name, model in MODELS.items():
-            assert c.post("/v1/models", json={"name": name, "stream": "s", **model}).status_code == 201
+    with api_with_models(settings, MODELS) as c:
         yield c
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -17,13 +15,13 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from tests.conftest import SMALL_MODEL, wait_until
-from tests.integration.helpers import linear_chunks, reference_trace, strip
+from tests.integration.helpers import api_with_models, linear_chunks, reference_trace, start_worker, strip
 
 MODELS = {
     f"m{i}": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 10 + i, "block_size": 100}} for i in range(3)
 }
 # re-annealing over the whole history at 400, 800, 1,600 and 3,200 observations: long blocks (the
-# worker renews its 1 s lease from the engine's heartbeat) and more state to get bit-identical
+# worker's heartbeat thread renews its lease meanwhile) and more state to get bit-identical
 MODELS["m3"] = {
     **SMALL_MODEL,
     "sampler": {
@@ -34,20 +32,6 @@ MODELS["m3"] = {
         "reanneal_steps": 1,
     },
 }
-
-
-def start_worker(settings, lease_ttl: float = 1.0) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "SGAIS_REDIS_URL": settings.redis_url,
-        "SGAIS_KEY_PREFIX": settings.key_prefix,
-        "SGAIS_LEASE_TTL_SECONDS": str(lease_ttl),
-        "SGAIS_HEARTBEAT_SECONDS": "0.2",
-        "SGAIS_POLL_SECONDS": "0.1",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "workers.runner"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
 
 
 def processed(client, chunks: int) -> bool:
@@ -69,12 +53,11 @@ def check_traces(client, chunks):
 
 @pytest.fixture
 def api(settings):
-    with TestClient(create_app(settings, workers=0)) as c:
-        for name, model in MODELS.items():
-            assert c.post("/v1/models", json={"name": name, "stream": "s", **model}).status_code == 201
+    with api_with_models(settings, MODELS) as c:
         yield c
 
 
+@pytest.mark.slow
 def test_sigkilled_worker_resumes_bit_identical(api, settings):
     chunks = linear_chunks(12, 300, seed=5)
     g = torch.Generator().manual_seed(1)
@@ -86,7 +69,7 @@ def test_sigkilled_worker_resumes_bit_identical(api, settings):
                 assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
             posted = min(posted + 4, len(chunks))
             before = progress(api)
-            wait_until(lambda: progress(api) > before or processed(api, posted), timeout=60)
+            wait_until(lambda b=before, p=posted: progress(api) > b or processed(api, p), timeout=60)
             time.sleep(float(torch.rand(1, generator=g)) * 0.3)  # a random moment, often mid-chunk
             worker.send_signal(signal.SIGKILL)
             worker.wait()
@@ -102,10 +85,12 @@ def test_sigkilled_worker_resumes_bit_identical(api, settings):
     assert [r["observations"] for r in trace if r["reannealed"]] == [400, 800, 1600, 3200]
 
 
+@pytest.mark.slow
 def test_a_reannealing_longer_than_the_lease_keeps_the_lease(api, settings):
     """m3's re-annealings over 1,600 and 3,200 rows take 0.3–0.7 s here, several times a 0.15 s
-    lease: without the engine's heartbeat the worker would lose m3's lease inside each of them,
-    its commit would be refused, and it would redo the chunk forever."""
+    lease: without the worker's heartbeat thread (renewing every lease every TTL/3 while a block
+    runs) the worker would lose m3's lease inside each of them, its commit would be refused, and it
+    would redo the chunk forever."""
     chunks = linear_chunks(12, 300, seed=5)
     worker = start_worker(settings, lease_ttl=0.15)
     try:
@@ -118,6 +103,7 @@ def test_a_reannealing_longer_than_the_lease_keeps_the_lease(api, settings):
     check_traces(api, chunks)
 
 
+@pytest.mark.slow
 def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
     """A pass over the four busy models of stream s takes seconds, many times a 0.3 s lease; the
     idle model on stream t must keep its lease (same token) instead of expiring and being re-leased
@@ -142,6 +128,7 @@ def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
         worker.wait()
 
 
+@pytest.mark.slow
 def test_racing_workers_apply_each_block_once(api, settings):
     chunks = linear_chunks(10, 300, seed=6)
     workers = [start_worker(settings), start_worker(settings)]

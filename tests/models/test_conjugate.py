@@ -65,6 +65,7 @@ def _nig_evidence_by_quadrature(y, a, b, mean_scale):
     return math.log(val)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("a,b,mean_scale", [(1.0, 1.0, 4.0), (2.5, 0.7, 1.5)])
 def test_gmm_one_component_evidence_equals_numerical_integration(a, b, mean_scale):
     Y = np.array([[0.3, -1.2], [1.1, -0.4], [-0.5, -2.0], [0.8, -0.9]])

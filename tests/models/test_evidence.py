@@ -100,6 +100,7 @@ def check(case: str) -> None:
     assert abs(np.mean(errors) - centre) < 3 * sigma / math.sqrt(len(errors)), msg
 
 
+@pytest.mark.slow
 def test_linear_regression_known_noise_matches_exact_evidence():
     check("linear_regression")
 

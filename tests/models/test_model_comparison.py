@@ -40,6 +40,7 @@ def _log_evidence_at(features: int, x, y, checkpoints: list[int], seed: int) -> 
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_true_model_probability_goes_to_one(seed):
     x, y = _data(2000, 1000 + seed)

@@ -1,6 +1,7 @@
-"""The worker's fenced commit: Redis Lua scripts and their argument layout (DESIGN.md §2).
+"""The worker's Redis writes: the fenced commit scripts and their argument layout (DESIGN.md §2), lease
+renewal and release.  The scripts themselves are ``workers/store/lua/*.lua`` (:mod:`workers.store.scripts`).
 
-A chunk's results reach Redis in ONE round trip, :data:`COMMIT_LUA`.  The script first checks
+A chunk's results reach Redis in ONE round trip, ``lua/commit.lua``.  The script first checks
 that the model's lease still holds the worker's token (fencing: a worker whose lease expired,
 was taken over, or whose model was deleted writes nothing), then reads everything it needs,
 then writes the checkpoint (state, cursor, counters, detector), the trace rows, the
@@ -14,8 +15,8 @@ reads the stream's models and its leader record (``{"model", "observations"}``) 
 that common count differs from the record's, returns each active model's trace row at the
 count.  The worker then computes the probabilities in Python (:mod:`workers.comparison`, the
 code the API uses) and stores the new leader record, the ``posterior`` event and any
-``model_switch`` alert with :data:`LEADER_LUA`: fenced by the same lease and compare-and-set on
-the leader record (``stale`` = another worker moved it first: re-read with :data:`STREAM_LUA`
+``model_switch`` alert with ``lua/leader.lua``: fenced by the same lease and compare-and-set on
+the leader record (``stale`` = another worker moved it first: re-read with ``lua/stream.lua``
 and recompute).  So one chunk costs one round trip, two when the common count moved.  A worker
 killed between the two scripts leaves the leader record one step behind; the next commit on
 the stream, or the next worker that restores one of its models, recomputes it from the
@@ -34,141 +35,13 @@ from typing import Any
 
 import redis
 
-from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys
-
-# Shared by COMMIT_LUA and STREAM_LUA: the stream's models (sorted), each one's observations and
-# status (``me`` overridden with the values being committed), the common count, and the leader
-# record.  nil when the count equals the record's; else {count, leader JSON or '', names,
-# observations, statuses, row at count (JSON or ''), model config ('' when the caller knows it)}.
-# Models whose config is gone are left out; so are errored models from the count.
-_STREAM_STATE = """
-local function stream_state(models_key, leader_key, model_prefix, ckpt_prefix, trace_prefix, known, me, my_obs)
-  local names = redis.call('SMEMBERS', models_key)
-  table.sort(names)
-  local leader = redis.call('GET', leader_key)
-  local kept, obs, status, configs = {}, {}, {}, {}
-  for _, m in ipairs(names) do
-    local cfg = ''
-    if not known[m] then cfg = redis.call('GET', model_prefix .. m) end
-    if cfg then
-      local o, st = my_obs, 'ok'
-      if m ~= me then
-        local v = redis.call('HMGET', ckpt_prefix .. m, 'observations', 'status')
-        o, st = tonumber(v[1]) or 0, v[2] or ''
-      end
-      local i = #kept + 1
-      kept[i] = m; obs[i] = o; status[i] = st; configs[i] = cfg
-    end
-  end
-  local count = nil
-  for i = 1, #kept do
-    if status[i] ~= 'error' and (count == nil or obs[i] < count) then count = obs[i] end
-  end
-  count = count or 0
-  if leader and cjson.decode(leader)['observations'] == count then return nil end
-  local rows = {}
-  for i, m in ipairs(kept) do
-    rows[i] = ''
-    if status[i] ~= 'error' and count > 0 then
-      local got = redis.call('ZREVRANGEBYSCORE', trace_prefix .. m, count - 1, '-inf', 'LIMIT', 0, 1)
-      if got[1] then rows[i] = got[1] end
-    end
-  end
-  return {count, leader or '', kept, obs, status, rows, configs}
-end
-"""
-
-# KEYS: lease, checkpoint, trace, alerts, alerts_total, block_seconds, stream meta, stream models, leader.
-# ARGV: token, lease ttl (ms), events channel; then the stream query: this model's name ('' = no
-# query, and nothing more of it follows), its observations after this commit, the key prefixes of
-# model configs, checkpoints and traces, n known names and the names; then four counted sections:
-# n checkpoint fields + n (field, value); n trace rows + n (score, row JSON); n histogram entries +
-# n (bucket or '', seconds); n evidence events + n (chunks processed, event JSON without its closing
-# brace: the script appends the chunks pending, read in the same atomic step); n alerts + n (kind,
-# alert JSON, event JSON, score).
-# Returns {'lost'} (nothing written), {'ok'}, or {'moved', <stream state>} (written).
-COMMIT_LUA = (
-    _STREAM_STATE
-    + """
-local at = 0
-local function nxt() at = at + 1; return ARGV[at] end
-local token, ttl, channel = nxt(), nxt(), nxt()
-if redis.call('GET', KEYS[1]) ~= token then return {'lost'} end
--- reads first: nothing below the first write can fail half-way
-local view = nil
-local me = nxt()
-if me ~= '' then
-  local my_obs = tonumber(nxt())
-  local model_prefix, ckpt_prefix, trace_prefix = nxt(), nxt(), nxt()
-  local known = {}
-  for _ = 1, tonumber(nxt()) do known[nxt()] = true end
-  view = stream_state(KEYS[8], KEYS[9], model_prefix, ckpt_prefix, trace_prefix, known, me, my_obs)
-end
-local stream_chunks = tonumber(redis.call('HGET', KEYS[7], 'chunks') or '0')
-local fields = {}
-for _ = 1, tonumber(nxt()) do fields[#fields + 1] = nxt(); fields[#fields + 1] = nxt() end
-redis.call('HSET', KEYS[2], unpack(fields))
-local zargs = {}
-for i = 1, tonumber(nxt()) do  -- in batches: unpack() takes a few thousand values at most
-  zargs[#zargs + 1] = nxt(); zargs[#zargs + 1] = nxt()
-  if #zargs == 1000 then redis.call('ZADD', KEYS[3], unpack(zargs)); zargs = {} end
-end
-if #zargs > 0 then redis.call('ZADD', KEYS[3], unpack(zargs)) end
-for _ = 1, tonumber(nxt()) do
-  local le, seconds = nxt(), nxt()
-  if le ~= '' then redis.call('HINCRBY', KEYS[6], le, 1) end
-  redis.call('HINCRBY', KEYS[6], 'count', 1)
-  redis.call('HINCRBYFLOAT', KEYS[6], 'sum', seconds)
-end
-for _ = 1, tonumber(nxt()) do
-  local chunks, head = tonumber(nxt()), nxt()
-  redis.call('PUBLISH', channel, head .. math.max(stream_chunks - chunks, 0) .. '}')
-end
-for _ = 1, tonumber(nxt()) do
-  local kind, body, event, score = nxt(), nxt(), nxt(), nxt()
-  redis.call('ZADD', KEYS[4], score, body)
-  redis.call('HINCRBY', KEYS[5], kind, 1)
-  redis.call('PUBLISH', channel, event)
-end
-redis.call('PEXPIRE', KEYS[1], ttl)
-if view then return {'moved', unpack(view)} end
-return {'ok'}
-"""
-)
-
-# KEYS: stream models, leader.  ARGV: key prefixes of model configs, checkpoints, traces; n known
-# names and the names.  Returns {'same'} or {'moved', <stream state>}.  Writes nothing.
-STREAM_LUA = (
-    _STREAM_STATE
-    + """
-local known = {}
-for i = 5, 4 + tonumber(ARGV[4]) do known[ARGV[i]] = true end
-local view = stream_state(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], known, '', 0)
-if view then return {'moved', unpack(view)} end
-return {'same'}
-"""
-)
-
-# KEYS: lease, leader, alerts, alerts_total.  ARGV: token, the leader record read ('' = none),
-# the new record, events channel, posterior event ('' = none), alert kind ('' = no alert), alert
-# JSON, alert event JSON, alert score.  Returns 'lost' or 'stale' (nothing written), or 'ok'.
-LEADER_LUA = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'lost' end
-if (redis.call('GET', KEYS[2]) or '') ~= ARGV[2] then return 'stale' end
-redis.call('SET', KEYS[2], ARGV[3])
-if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
-if ARGV[6] ~= '' then
-  redis.call('ZADD', KEYS[3], ARGV[9], ARGV[7])
-  redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
-  redis.call('PUBLISH', ARGV[4], ARGV[8])
-end
-return 'ok'
-"""
+from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, counter_field
+from workers.store.scripts import COMMIT_LUA, LEADER_LUA, RELEASE_LUA, RENEW_LUA, STREAM_LUA
 
 
 @dataclass
 class StreamState:
-    """What :data:`COMMIT_LUA` / :data:`STREAM_LUA` return when the common count moved.
+    """What ``lua/commit.lua`` / ``lua/stream.lua`` return when the common count moved.
 
     ``leader_raw`` is the leader record as stored (b"" when there is none), for the
     compare-and-set; ``models`` holds ``(name, observations, status, row, config)`` per model of
@@ -190,19 +63,45 @@ def parse_state(reply: list) -> StreamState | None:
     if reply[0] != b"moved":
         return None
     count, leader, names, obs, status, rows, configs = reply[1:8]
-    models = [(n.decode(), int(o), s.decode(), r, c) for n, o, s, r, c in zip(names, obs, status, rows, configs)]
+    models = [
+        (n.decode(), int(o), s.decode(), r, c) for n, o, s, r, c in zip(names, obs, status, rows, configs, strict=True)
+    ]
     return StreamState(int(count), leader, models)
 
 
 class Scripts:
-    """The three scripts registered on one Redis client (``EVALSHA``, reloaded after NOSCRIPT), with
+    """The worker's scripts registered on one Redis client (``EVALSHA``, reloaded after NOSCRIPT), with
     their KEYS/ARGV layout.  Every method is one round trip."""
 
     def __init__(self, r: redis.Redis, keys: Keys):
-        self.keys = keys
+        self.r, self.keys = r, keys
         self._commit = r.register_script(COMMIT_LUA)
         self._stream = r.register_script(STREAM_LUA)
         self._leader = r.register_script(LEADER_LUA)
+        self._renew = r.register_script(RENEW_LUA)
+        self._release = r.register_script(RELEASE_LUA)
+
+    def renew(self, leases: list[tuple[str, str, str]], ttl_ms: int) -> list[bool]:
+        """Renew every lease ``(tenant, model, token)`` that still holds its token, for ``ttl_ms``, in one
+        fenced script (``lua/renew.lua``); one flag per lease, False = lost (taken over, expired, deleted)."""
+        if not leases:
+            return []
+        keys = [self.keys.lease(t, m) for t, m, _ in leases]
+        return [bool(ok) for ok in self._renew(keys=keys, args=[ttl_ms, *(token for *_, token in leases)])]
+
+    def count_loss(self, worker_id: str, tenant: str, model: str, retried_blocks: int) -> None:
+        """Count a lease the worker lost on the model, and the blocks it had computed that the fence refused
+        (they are redone by the next holder), in ``P:metrics:lease_losses`` / ``P:metrics:retried_blocks``."""
+        field = counter_field(worker_id, tenant, model)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(self.keys.lease_losses, field, 1)
+        if retried_blocks:
+            pipe.hincrby(self.keys.retried_blocks, field, retried_blocks)
+        pipe.execute()
+
+    def release(self, tenant: str, model: str, token: str) -> None:
+        """Delete the lease if it still holds ``token`` (``lua/release.lua``)."""
+        self._release(keys=[self.keys.lease(tenant, model)], args=[token])
 
     def _query(self, tenant: str, known: list[str]) -> list[Any]:
         k = self.keys
@@ -218,14 +117,15 @@ class Scripts:
         ttl_ms: int,
         checkpoint: dict[str, Any],
         rows: list[dict],
-        events: list[tuple[int, str]],
+        events: list[tuple[int, list[str]]],
         alerts: list[dict],
         observations: int,
         known: list[str] | None,
     ) -> StreamState | None:
-        """Run :data:`COMMIT_LUA`: the checkpoint hash fields, the trace ``rows`` (scored by ``first_index``,
+        """Run ``lua/commit.lua``: the checkpoint hash fields, the trace ``rows`` (scored by ``first_index``,
         each counted in the block-latency histogram by its ``seconds``), ``events`` as ``(chunks processed,
-        evidence event head)`` (:func:`workers.store.records.evidence_event_head`), ``alerts`` (full records).
+        evidence event members)`` (:func:`workers.store.records.evidence_event_members`), ``alerts`` (full
+        records).
         With ``known`` (the models of the stream whose prior the caller has; None = no query) the stream's
         state is read as of this commit, the model at ``observations``.
 
@@ -250,8 +150,8 @@ class Scripts:
             le = next((b for b in BLOCK_SECONDS_BUCKETS if row["seconds"] <= b), None)
             args += ["" if le is None else str(le), repr(row["seconds"])]
         args.append(len(events))
-        for chunks, head in events:
-            args += [chunks, head]
+        for chunks, members in events:
+            args += [chunks, len(members), *members]
         args.append(len(alerts))
         for a in alerts:
             args += [a["kind"], json.dumps(a), json.dumps({"type": "alert", **a}), repr(time.time() * 1000)]
@@ -274,7 +174,7 @@ class Scripts:
         return parse_state(reply)
 
     def stream_state(self, *, tenant: str, stream: str, known: list[str]) -> StreamState | None:
-        """Run :data:`STREAM_LUA`: the stream's state when its common count differs from the leader
+        """Run ``lua/stream.lua``: the stream's state when its common count differs from the leader
         record's, else None.  Writes nothing."""
         k = self.keys
         return parse_state(
@@ -295,7 +195,7 @@ class Scripts:
         posterior: dict[str, Any] | None,
         alert: dict[str, Any] | None,
     ) -> bool:
-        """Run :data:`LEADER_LUA`: store the leader ``record``, publish the ``posterior`` event body (None =
+        """Run ``lua/leader.lua``: store the leader ``record``, publish the ``posterior`` event body (None =
         none) and store + publish the ``alert`` (None = none), if the leader record is still ``expected``
         (b"" = none).  False (nothing written) when it is not.
 
@@ -325,4 +225,9 @@ class Scripts:
 
 
 class LeaseLost(Exception):
-    """Our lease on a model expired, was taken over, or the model was deleted."""
+    """Our lease on a model expired, was taken over, or the model was deleted.  ``blocks``: the blocks the
+    worker had computed for the refused commit (redone by the next holder)."""
+
+    def __init__(self, model: str, *, blocks: int = 0):
+        super().__init__(model)
+        self.blocks = blocks

@@ -25,6 +25,8 @@ key                                    type        contents
 ``P:worker:{id}``                      string      heartbeat JSON (TTL)
 ``P:metrics:alerts_total``             hash        kind -> count
 ``P:metrics:block_seconds``            hash        histogram buckets ``le``, ``sum``, ``count``
+``P:metrics:lease_losses``             hash        ``worker|T/model`` -> leases the worker lost on the model
+``P:metrics:retried_blocks``           hash        ``worker|T/model`` -> blocks computed, refused by the fence, redone
 =====================================  ==========  =========================================================
 """
 
@@ -61,6 +63,14 @@ class Keys:
     @property
     def block_seconds(self) -> str:
         return f"{self.prefix}:metrics:block_seconds"
+
+    @property
+    def lease_losses(self) -> str:
+        return f"{self.prefix}:metrics:lease_losses"
+
+    @property
+    def retried_blocks(self) -> str:
+        return f"{self.prefix}:metrics:retried_blocks"
 
     # ----- per tenant -----------------------------------------------------------------------
     def tenant_pattern(self, tenant: str) -> str:
@@ -111,3 +121,14 @@ def model_ref(tenant: str, model: str) -> str:
 def parse_model_ref(ref: str) -> tuple[str, str]:
     tenant, _, model = ref.partition("/")
     return tenant, model
+
+
+def counter_field(worker_id: str, tenant: str, model: str) -> str:
+    """Field of the per-worker, per-model counter hashes (``lease_losses``, ``retried_blocks``)."""
+    return f"{worker_id}|{model_ref(tenant, model)}"
+
+
+def parse_counter_field(field: str) -> tuple[str, str, str]:
+    """Inverse of :func:`counter_field`: ``(worker, tenant, model)``."""
+    worker, _, ref = field.partition("|")
+    return (worker, *parse_model_ref(ref))

@@ -1,4 +1,8 @@
-"""Async Redis access of the API: models, chunk ingest (atomic Lua), evidence, stream posterior."""
+"""Async Redis access of the API: models, chunk ingest (atomic Lua), evidence, trace, stream posterior.
+
+Every route reads and writes through these functions.  They raise the store's domain errors
+(:mod:`workers.store.errors`: ``NotFound``, ``Conflict``, ``SeqGap``, ``NotReady``, ``SchemaMismatch``),
+which ``service/app.py`` maps to HTTP; nothing here knows HTTP."""
 
 from __future__ import annotations
 
@@ -7,57 +11,27 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import HTTPException, status
+from redis.client import NEVER_DECODE
 
 from workers.store import records
+from workers.store.errors import Conflict, NotFound, NotReady, SchemaMismatch, SeqGap
 from workers.store.keys import Keys, model_ref
-
-# Seq check + XADD + meta update in one atomic step: a rejected chunk leaves no trace.
-# KEYS: meta, log, seqs.  ARGV: seq ("" = next), sha256, n, x_shape, y_shape, x, y.
-# Returns {status, seq, first_index, n}: status ok | duplicate | gap | conflict | missing.
-INGEST_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', 0, 0, 0} end
-local chunks = tonumber(redis.call('HGET', KEYS[1], 'chunks') or '0')
-local obs = tonumber(redis.call('HGET', KEYS[1], 'observations') or '0')
-if ARGV[1] ~= '' then
-  local seq = tonumber(ARGV[1])
-  if seq <= chunks then
-    local rec = redis.call('HGET', KEYS[3], ARGV[1])
-    if rec then
-      local h, fi, n = string.match(rec, '^(%x+):(%d+):(%d+)$')
-      if h == ARGV[2] then return {'duplicate', seq, tonumber(fi), tonumber(n)} end
-    end
-    return {'conflict', chunks, 0, 0}
-  end
-  if seq ~= chunks + 1 then return {'gap', chunks, 0, 0} end
-end
-local seq = chunks + 1
-local n = tonumber(ARGV[3])
-redis.call('XADD', KEYS[2], '*', 'seq', seq, 'first_index', obs, 'n', n,
-           'x_shape', ARGV[4], 'y_shape', ARGV[5], 'x', ARGV[6], 'y', ARGV[7])
-redis.call('HSET', KEYS[1], 'chunks', seq, 'observations', obs + n)
-redis.call('HSET', KEYS[3], tostring(seq), ARGV[2] .. ':' .. obs .. ':' .. n)
-return {'ok', seq, obs, n}
-"""
-
-
-def not_found(what: str, name: str) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, f"{what} {name!r} not found")
+from workers.store.scripts import INGEST_LUA
 
 
 async def get_model(r: aioredis.Redis, keys: Keys, tenant: str, name: str) -> dict[str, Any]:
-    """The model config; 404 when it does not exist in the tenant."""
+    """The model config.  Raises NotFound when it does not exist in the tenant."""
     raw = await r.get(keys.model(tenant, name))
     if raw is None:
-        raise not_found("model", name)
+        raise NotFound("model", name)
     return json.loads(raw)
 
 
 async def get_meta(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> dict[str, str]:
-    """The stream meta hash; 404 when the stream does not exist in the tenant."""
+    """The stream meta hash.  Raises NotFound when the stream does not exist in the tenant."""
     meta = await r.hgetall(keys.meta(tenant, stream))
     if not meta:
-        raise not_found("stream", stream)
+        raise NotFound("stream", stream)
     return meta
 
 
@@ -66,7 +40,7 @@ async def ingest(
 ) -> dict[str, Any]:
     """Append a validated, encoded chunk to the stream log atomically; the ack body.
 
-    Raises HTTPException 404 (no stream), 409 (seq gap or replay with different content).
+    Raises NotFound (no stream), SeqGap (``seq`` past the next one), Conflict (replay with different content).
     """
     digest = hashlib.sha256()
     for field in ("x_shape", "y_shape", "x", "y"):
@@ -89,11 +63,11 @@ async def ingest(
     )
     outcome = res[0].decode() if isinstance(res[0], bytes) else res[0]
     if outcome == "missing":
-        raise not_found("stream", stream)
+        raise NotFound("stream", stream)
     if outcome == "gap":
-        raise HTTPException(status.HTTP_409_CONFLICT, f"seq: expected {int(res[1]) + 1}, got {seq} (gap)")
+        raise SeqGap(f"seq: expected {int(res[1]) + 1}, got {seq} (gap)")
     if outcome == "conflict":
-        raise HTTPException(status.HTTP_409_CONFLICT, f"seq: chunk {seq} was accepted with different content")
+        raise Conflict(f"seq: chunk {seq} was accepted with different content")
     return {
         "stream": stream,
         "seq": int(res[1]),
@@ -106,11 +80,67 @@ async def ingest(
 CKPT_FIELDS = ("chunks", "observations", "log_evidence", "last_block", "status", "error")
 
 
+async def list_models(r: aioredis.Redis, keys: Keys, tenant: str) -> list[dict[str, Any]]:
+    """Every model config of the tenant, by name."""
+    names = sorted(await r.smembers(keys.tenant_models(tenant)))
+    raws = await r.mget([keys.model(tenant, n) for n in names]) if names else []
+    return [json.loads(raw) for raw in raws if raw is not None]
+
+
+async def trace(
+    r: aioredis.Redis, keys: Keys, tenant: str, model: str, since_index: int, limit: int
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` trace rows with ``first_index >= since_index``, in stream order.  Raises NotFound."""
+    await get_model(r, keys, tenant, model)
+    rows = await r.zrangebyscore(keys.trace(tenant, model), since_index, "+inf", start=0, num=limit)
+    return [json.loads(row) for row in rows]
+
+
+async def checkpoint_state(r: aioredis.Redis, keys: Keys, tenant: str, model: str) -> bytes:
+    """The model's engine state (safetensors bytes).  Raises NotFound (no model), NotReady (no worker has
+    picked the model up yet)."""
+    await get_model(r, keys, tenant, model)
+    state = await r.execute_command("HGET", keys.checkpoint(tenant, model), "state", **{NEVER_DECODE: True})
+    if state is None:
+        raise NotReady(f"model {model!r} has not been picked up by a worker yet")
+    return state
+
+
+async def stream_status(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> dict[str, Any]:
+    """The stream's schema, chunk and observation counts, and each model's progress (two round trips:
+    clients poll this).  Raises NotFound."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(keys.meta(tenant, stream))
+    pipe.smembers(keys.stream_models(tenant, stream))
+    meta, names = await pipe.execute()
+    if not meta:
+        raise NotFound("stream", stream)
+    names = sorted(names)
+    pipe = r.pipeline(transaction=False)
+    for m in names:
+        pipe.hmget(keys.checkpoint(tenant, m), ["chunks", "observations"])
+    models = [
+        {"name": m, "chunks_processed": int(c or 0), "observations_processed": int(o or 0)}
+        for m, (c, o) in zip(names, await pipe.execute(), strict=True)
+    ]
+    return {
+        "name": stream,
+        "schema": json.loads(meta["schema"]),
+        "chunks": int(meta.get("chunks", 0)),
+        "observations": int(meta.get("observations", 0)),
+        "models": models,
+    }
+
+
+async def stream_exists(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> bool:
+    return bool(await r.exists(keys.meta(tenant, stream)))
+
+
 async def checkpoint(r: aioredis.Redis, keys: Keys, tenant: str, model: str) -> dict[str, str] | None:
     vals = await r.hmget(keys.checkpoint(tenant, model), CKPT_FIELDS)
     if vals[0] is None:
         return None
-    return {k: v for k, v in zip(CKPT_FIELDS, vals) if v is not None}
+    return {k: v for k, v in zip(CKPT_FIELDS, vals, strict=True) if v is not None}
 
 
 async def evidence(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +174,7 @@ async def stream_posterior(r: aioredis.Redis, keys: Keys, tenant: str, stream: s
         pipe = r.pipeline(transaction=False)
         for m in active:
             pipe.zrevrangebyscore(keys.trace(tenant, m), count - 1, "-inf", start=0, num=1)
-        for m, rows in zip(active, await pipe.execute()):
+        for m, rows in zip(active, await pipe.execute(), strict=True):
             row = records.trace_row_at(rows, count)
             if row is not None:
                 entries.append({"model": m, "prior_probability": priors[m], "log_evidence": row["log_evidence"]})
@@ -154,7 +184,7 @@ async def stream_posterior(r: aioredis.Redis, keys: Keys, tenant: str, stream: s
 async def create_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str, Any], schema: dict[str, Any]) -> None:
     """Store a new model (and its stream, if new) in one transaction.
 
-    Raises HTTPException 409 (name taken), 422 (schema differs from the stream's).
+    Raises Conflict (name taken), SchemaMismatch (schema differs from the stream's).
     """
     name, stream = cfg["name"], cfg["stream"]
     mkey, meta = keys.model(tenant, name), keys.meta(tenant, stream)
@@ -163,19 +193,11 @@ async def create_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
             try:
                 await pipe.watch(mkey, meta)
                 if await pipe.exists(mkey):
-                    raise HTTPException(status.HTTP_409_CONFLICT, f"model {name!r} already exists")
+                    raise Conflict(f"model {name!r} already exists")
                 existing = await pipe.hget(meta, "schema")
                 if existing is not None and json.loads(existing) != schema:
-                    raise HTTPException(
-                        status.HTTP_422_UNPROCESSABLE_CONTENT,
-                        [
-                            {
-                                "loc": ["body", "params"],
-                                "type": "schema_mismatch",
-                                "msg": f"stream {stream!r} takes observations {existing}; this model takes {json.dumps(schema)}",
-                            }
-                        ],
-                    )
+                    msg = f"stream {stream!r} takes observations {existing}; this model takes {json.dumps(schema)}"
+                    raise SchemaMismatch([{"loc": ["body", "params"], "type": "schema_mismatch", "msg": msg}])
                 pipe.multi()
                 pipe.set(mkey, json.dumps(cfg))
                 pipe.sadd(keys.tenant_models(tenant), name)

@@ -68,13 +68,46 @@ def evidence_body(model: str, stream: str, ckpt: dict[str, str] | None, stream_c
     }
 
 
-def evidence_event_head(model: str, stream: str, ckpt: dict[str, Any]) -> str:
-    """The ``evidence`` event (``{"type": "evidence", ...evidence body}``) as JSON, cut before its last
-    field: the writer appends ``<chunks pending>}`` once it knows the stream's chunk count (the worker's
-    commit script reads it in the same atomic step).  ``ckpt`` as for :func:`evidence_body`."""
+def evidence_event_members(model: str, stream: str, row: dict[str, Any], chunks: int) -> list[str]:
+    """The ``evidence`` event after the block of trace ``row`` (``{"type": "evidence", ...evidence body}``,
+    :func:`evidence_body` of the checkpoint as of that block, ``chunks`` chunks processed), as its JSON
+    members ``'"key": value'`` in order, all but ``chunks_pending``: the commit script (``lua/commit.lua``)
+    adds that last member from the stream's chunk count, read in the same atomic step, and joins them."""
+    ckpt = {
+        "chunks": chunks,
+        "observations": row["observations"],
+        "log_evidence": row["log_evidence"],
+        "last_block": json.dumps(block_of(row)),
+        "status": "ok",
+    }
     body = evidence_body(model, stream, ckpt, 0)
     del body["chunks_pending"]
-    return json.dumps({"type": "evidence", **body})[:-1] + ', "chunks_pending": '
+    return [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in {"type": "evidence", **body}.items()]
+
+
+# ----- processed blocks ------------------------------------------------------------------------
+
+#: Fields of a block's diagnostics (``workers.sgais.BlockInfo``) copied into its trace row.
+BLOCK_FIELDS = ("log_predictive", "log_evidence", "annealing_steps", "ess", "resampled", "guard_tripped", "reannealed")
+
+
+def trace_row(info: Any, *, seq: int, first_index: int, block_observations: int, seconds: float) -> dict[str, Any]:
+    """A processed block -> its trace row (API.md "Trace"), the one definition the worker, the API and the
+    tests use.
+
+    ``info`` is the block's ``workers.sgais.BlockInfo``; the row adds where the block lies in the stream:
+    chunk ``seq``, ``first_index`` (its first stream value), ``block_observations`` (stream values in it),
+    ``observations`` (stream values up to its end), and ``seconds`` (wall-clock time of the update).
+    """
+    row: dict[str, Any] = {
+        "seq": seq,
+        "first_index": first_index,
+        "block_observations": block_observations,
+        "observations": first_index + block_observations,
+    }
+    row.update({k: getattr(info, k) for k in BLOCK_FIELDS})
+    row["seconds"] = seconds
+    return row
 
 
 def block_of(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ in a subprocess on a free loopback port, then in one run:
    chunks in this process (same families, settings and seeds);
 2. POST latency (p50/p99) under 16 concurrent clients (httpx async).
 
-    python bench/service.py [--chunks 60] [--repeats 3] [--models 1,10] [--redis-url URL] [--wait events|poll]
+    python bench/service_overhead.py [--chunks 60] [--repeats 3] [--models 1,10] [--redis-url URL] [--wait events|poll]
 
 Both sides run torch with one intra-op thread. Each repeat runs the bare engine and then the service
 on a fresh stream, back to back, so that the machine's drift (this 2-core VM's speed moves by ±30%

@@ -1,0 +1,56 @@
+-- Fenced commit of one chunk's results (workers/store/commit.py, DESIGN.md §2): ONE round trip.
+-- Prepended with stream_state.lua.
+-- KEYS: lease, checkpoint, trace, alerts, alerts_total, block_seconds, stream meta, stream models, leader.
+-- ARGV: token, lease ttl (ms), events channel; then the stream query: this model's name ('' = no
+-- query, and nothing more of it follows), its observations after this commit, the key prefixes of
+-- model configs, checkpoints and traces, n known names and the names; then four counted sections:
+-- n checkpoint fields + n (field, value); n trace rows + n (score, row JSON); n histogram entries +
+-- n (bucket or '', seconds); n evidence events + n (chunks processed, m, m JSON members
+-- '"key": value' in order: the script adds the last member, chunks_pending, from the stream's chunk
+-- count read in the same atomic step); n alerts + n (kind, alert JSON, event JSON, score).
+-- Returns {'lost'} (nothing written), {'ok'}, or {'moved', <stream state>} (written).
+local at = 0
+local function nxt() at = at + 1; return ARGV[at] end
+local token, ttl, channel = nxt(), nxt(), nxt()
+if redis.call('GET', KEYS[1]) ~= token then return {'lost'} end
+-- reads first: nothing below the first write can fail half-way
+local view = nil
+local me = nxt()
+if me ~= '' then
+  local my_obs = tonumber(nxt())
+  local model_prefix, ckpt_prefix, trace_prefix = nxt(), nxt(), nxt()
+  local known = {}
+  for _ = 1, tonumber(nxt()) do known[nxt()] = true end
+  view = stream_state(KEYS[8], KEYS[9], model_prefix, ckpt_prefix, trace_prefix, known, me, my_obs)
+end
+local stream_chunks = tonumber(redis.call('HGET', KEYS[7], 'chunks') or '0')
+local fields = {}
+for _ = 1, tonumber(nxt()) do fields[#fields + 1] = nxt(); fields[#fields + 1] = nxt() end
+redis.call('HSET', KEYS[2], unpack(fields))
+local zargs = {}
+for i = 1, tonumber(nxt()) do  -- in batches: unpack() takes a few thousand values at most
+  zargs[#zargs + 1] = nxt(); zargs[#zargs + 1] = nxt()
+  if #zargs == 1000 then redis.call('ZADD', KEYS[3], unpack(zargs)); zargs = {} end
+end
+if #zargs > 0 then redis.call('ZADD', KEYS[3], unpack(zargs)) end
+for _ = 1, tonumber(nxt()) do
+  local le, seconds = nxt(), nxt()
+  if le ~= '' then redis.call('HINCRBY', KEYS[6], le, 1) end
+  redis.call('HINCRBY', KEYS[6], 'count', 1)
+  redis.call('HINCRBYFLOAT', KEYS[6], 'sum', seconds)
+end
+for _ = 1, tonumber(nxt()) do
+  local chunks, members = tonumber(nxt()), {}
+  for _ = 1, tonumber(nxt()) do members[#members + 1] = nxt() end
+  members[#members + 1] = '"chunks_pending": ' .. math.max(stream_chunks - chunks, 0)
+  redis.call('PUBLISH', channel, '{' .. table.concat(members, ', ') .. '}')
+end
+for _ = 1, tonumber(nxt()) do
+  local kind, body, event, score = nxt(), nxt(), nxt(), nxt()
+  redis.call('ZADD', KEYS[4], score, body)
+  redis.call('HINCRBY', KEYS[5], kind, 1)
+  redis.call('PUBLISH', channel, event)
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+if view then return {'moved', unpack(view)} end
+return {'ok'}

@@ -1,0 +1,26 @@
+"""The store's Redis Lua scripts, kept as ``.lua`` files in ``workers/store/lua/`` (package data) and
+read once at import with :mod:`importlib.resources`."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+
+def lua(name: str) -> str:
+    """The source of ``workers/store/lua/<name>.lua``."""
+    return files("workers.store").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+_STREAM_STATE = lua("stream_state")
+#: Fenced commit of one chunk (workers.store.commit.Scripts.commit): KEYS/ARGV layout in the file.
+COMMIT_LUA = _STREAM_STATE + lua("commit")
+#: The stream's state for the stream posterior, read-only.
+STREAM_LUA = _STREAM_STATE + lua("stream")
+#: Fenced compare-and-set of a stream's leader record, with its posterior event and alert.
+LEADER_LUA = lua("leader")
+#: Seq check + XADD + meta update of an ingested chunk (workers.store.reads.ingest).
+INGEST_LUA = lua("ingest")
+#: Renew leases that still hold their tokens (workers.store.commit.Scripts.renew).
+RENEW_LUA = lua("renew")
+#: Delete a lease that still holds its token.
+RELEASE_LUA = lua("release")

@@ -1,0 +1,56 @@
+"""A chunk -> processed blocks -> trace rows: the one path from the engine's block diagnostics to the
+rows the worker commits (and the tests' reference traces are computed with)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workers.engine import ModelEngine
+from workers.sgais import BlockInfo
+from workers.store import records
+
+
+@dataclass(frozen=True)
+class Block:
+    """One processed block: the engine's diagnostics and the trace row (``records.trace_row``)."""
+
+    info: BlockInfo
+    row: dict[str, Any]
+
+
+def absorb_chunk(
+    engine: ModelEngine,
+    x: Any,
+    y: Any,
+    *,
+    seq: int,
+    first_index: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[Block]:
+    """Absorb a chunk (``x: [B, d] | None``, ``y: [B, ...]``, validated by the family as they come from
+    the stream log) block by block, each of ``engine.settings.block_size`` values, timing each update.
+
+    ``seq`` is the chunk's number, ``first_index`` the stream index of its first value.
+
+    Raises
+    ------
+    workers.sgais.NumericalError, ValueError
+        From the engine; the blocks before the failing one stay absorbed.
+    """
+    # The stream log holds the chunk as validated by the stream's schema; this model's family may lay
+    # it out differently (a 1-D gmm wants y: [B, 1], an autoregressive model y: [B]).
+    x, y = engine.family.validate(x, y)
+    size, out = engine.settings.block_size, []
+    for start in range(0, y.shape[0], size):
+        xb, yb = (x[start : start + size] if x is not None else None), y[start : start + size]
+        t0 = clock()
+        (info,) = engine.update(xb, yb, validated=True)
+        seconds = clock() - t0
+        row = records.trace_row(
+            info, seq=seq, first_index=first_index + start, block_observations=int(yb.shape[0]), seconds=seconds
+        )
+        out.append(Block(info, row))
+    return out

@@ -1,0 +1,43 @@
+"""Change-point alerts over a chunk's processed blocks (:mod:`workers.alerts`), and alert records."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from workers import alerts as detector_lib
+from workers.worker.blocks import Block
+
+
+def detect(
+    detector: dict[str, Any], cfg: dict[str, Any], blocks: list[Block], *, stream: str, model: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the model's detector (state ``detector``, settings ``cfg["alerts"]``) over ``blocks`` in order:
+    the new detector state and the alert bodies raised (``stream`` and ``model`` filled in)."""
+    settings = detector_lib.AlertSettings(**cfg.get("alerts", {}))
+    found: list[dict[str, Any]] = []
+    for b in blocks:
+        detector, new = detector_lib.detect(
+            detector,
+            settings,
+            {
+                "first_index": b.row["first_index"],
+                "observations": b.info.observations,
+                "log_predictive": b.info.log_predictive,
+                "annealing_steps": b.info.annealing_steps,
+            },
+        )
+        found += [{**a, "stream": stream, "model": model} for a in new]
+    return detector, found
+
+
+def alert_record(a: dict[str, Any]) -> dict[str, Any]:
+    """An alert record (API.md "Alerts") from a detector's body: id, default indices, creation time."""
+    return {
+        "id": secrets.token_hex(8),
+        "observation_index": None,
+        "detected_at_index": None,
+        **a,
+        "created_at": datetime.now(UTC).isoformat(),
+    }

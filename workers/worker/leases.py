@@ -1,0 +1,163 @@
+"""Leases: which models this worker holds, discovery up to a fair share, and the heartbeat thread that
+keeps every held lease and the worker's heartbeat fresh while blocks run (DESIGN.md §2).
+
+A lease is ``SET P:T:lease:{m} <token> NX PX <ttl>``.  The :class:`Heartbeat` thread renews every held
+lease every ``ttl / 3`` (and at least every ``heartbeat_seconds``), independent of the block being
+absorbed, in one round trip: the fenced ``lua/renew.lua`` (a lease that no longer holds our token is
+left alone and flagged lost) pipelined with the worker's heartbeat key.  So a block may take longer
+than the lease TTL without the lease expiring under it; a lost lease is noticed by the worker loop,
+which drops the model and counts the loss (``P:metrics:lease_losses``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from workers.engine import ModelEngine
+from workers.store.commit import Scripts
+from workers.store.keys import Keys, model_ref, parse_model_ref
+from workers.store.scripts import RENEW_LUA
+
+log = logging.getLogger("sgais.worker")
+
+
+@dataclass
+class Held:
+    """A model this worker leases: its engine and committed position in the stream log."""
+
+    tenant: str
+    name: str
+    token: str
+    cfg: dict[str, Any] = field(default_factory=dict)
+    engine: ModelEngine | None = None
+    cursor: bytes = b"0-0"  # id of the last applied stream-log entry
+    chunks: int = 0
+    detector: dict[str, Any] = field(default_factory=dict)
+    lost: bool = False  # set by the heartbeat when a renewal found the lease gone
+
+    @property
+    def stream(self) -> str:
+        return self.cfg["stream"]
+
+    @property
+    def ref(self) -> str:
+        return model_ref(self.tenant, self.name)
+
+
+class Leases:
+    """The held models of one worker, shared by the worker loop and its heartbeat thread (``lock``)."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, scripts: Scripts, worker_id: str, ttl_seconds: float):
+        self.r, self.keys, self.scripts, self.worker_id = r, keys, scripts, worker_id
+        self.ttl_ms = int(ttl_seconds * 1000)
+        self.held: dict[str, Held] = {}
+        self.lock = threading.Lock()
+
+    def snapshot(self) -> list[Held]:
+        with self.lock:
+            return list(self.held.values())
+
+    def add(self, h: Held) -> None:
+        with self.lock:
+            self.held[h.ref] = h
+
+    def drop(self, ref: str) -> Held | None:
+        with self.lock:
+            return self.held.pop(ref, None)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.held.clear()
+
+    def release(self, h: Held) -> None:
+        """Give the model up (the lease is deleted if still ours)."""
+        self.drop(h.ref)
+        self.scripts.release(h.tenant, h.name, h.token)
+
+    def beat(self, heartbeat_seconds: float) -> None:
+        """Renew every held lease (fenced) and write the worker's heartbeat, in one round trip; flag the
+        leases found lost (:attr:`Held.lost`)."""
+        held = self.snapshot()
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        if held:
+            keys = [self.keys.lease(h.tenant, h.name) for h in held]
+            pipe.eval(RENEW_LUA, len(keys), *keys, self.ttl_ms, *(h.token for h in held))
+        beat = json.dumps({"worker": self.worker_id, "leases": len(held), "at": now})
+        pipe.set(self.keys.worker(self.worker_id), beat, px=int(3 * heartbeat_seconds * 1000))
+        pipe.zadd(self.keys.workers, {self.worker_id: now})
+        pipe.zremrangebyscore(self.keys.workers, "-inf", now - 3600)
+        replies = pipe.execute()
+        for h, ok in zip(held, replies[0] if held else [], strict=True):
+            if not ok:
+                h.lost = True
+
+    def discover(self, heartbeat_seconds: float) -> list[Held]:
+        """Release models beyond a fair share of the live workers, then lease free models up to it: the
+        newly leased models (not yet restored; the caller adds those it restores)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.smembers(self.keys.models)
+        pipe.zcount(self.keys.workers, time.time() - 3 * heartbeat_seconds, "+inf")
+        members, live = pipe.execute()
+        refs = sorted(x.decode() for x in members)
+        share = math.ceil(len(refs) / max(live, 1))
+        while len(self.held) > share:  # rebalance towards workers that joined
+            with self.lock:
+                ref = sorted(self.held)[-1]
+            self.release(self.held[ref])
+        free = [ref for ref in refs if ref not in self.held]
+        if len(self.held) >= share or not free:
+            return []
+        # each worker tries the models in its own order, so racing workers rarely collide
+        free.sort(key=lambda ref: zlib.crc32(f"{self.worker_id}/{ref}".encode()))
+        pipe = self.r.pipeline(transaction=False)
+        for ref in free:
+            pipe.hget(self.keys.checkpoint(*parse_model_ref(ref)), "status")
+        taken: list[Held] = []
+        for ref, st in zip(free, pipe.execute(), strict=True):
+            if len(self.held) + len(taken) >= share:
+                break
+            if st == b"error":
+                continue
+            tenant, name = parse_model_ref(ref)
+            token = secrets.token_hex(8)
+            if self.r.set(self.keys.lease(tenant, name), token, nx=True, px=self.ttl_ms):
+                taken.append(Held(tenant, name, token))
+        return taken
+
+
+class Heartbeat:
+    """A daemon thread calling ``beat`` every ``period`` seconds until ``stop`` is set (or :meth:`close`);
+    Redis errors are logged and retried at the next period."""
+
+    def __init__(self, beat: Callable[[], None], period: float, stop: threading.Event, name: str):
+        self._beat, self.period = beat, period
+        self._stop = threading.Event()
+        self._outer = stop
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not (self._stop.wait(self.period) or self._outer.is_set()):
+            try:
+                self._beat()
+            except redis.RedisError as err:
+                log.warning("heartbeat: Redis unavailable (%s); retrying", err)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=10)

@@ -1,0 +1,55 @@
+"""Restore a freshly leased model: its config, and its engine from the checkpoint (the history rebuilt
+by replaying the stream log up to the cursor, DESIGN.md §2) or a new engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from workers import alerts as detector_lib
+from workers.engine import ModelEngine
+from workers.store import records
+from workers.store.keys import Keys
+from workers.worker.leases import Held
+
+
+def restore(r: redis.Redis, keys: Keys, h: Held) -> bool | None:
+    """Fill ``h`` (config, engine, cursor, chunk count, detector state) from Redis.
+
+    Returns None when the model is gone, True when it was restored from a checkpoint, False when it is
+    new (a fresh engine at the start of the stream: the caller commits its initial checkpoint).
+
+    Raises
+    ------
+    ValueError
+        A checkpoint or model config the engine cannot restore.
+    """
+    raw = r.get(keys.model(h.tenant, h.name))
+    if raw is None:
+        return None
+    h.cfg = json.loads(raw)
+    ckpt = r.hgetall(keys.checkpoint(h.tenant, h.name))
+    if b"state" in ckpt:
+        h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
+        h.detector = json.loads(ckpt[b"detector"])
+        h.engine = ModelEngine.from_bytes(ckpt[b"state"], history_blocks=replay(r, keys, h))
+        return True
+    h.engine = ModelEngine(h.cfg["family"], h.cfg["params"], h.cfg["sampler"])
+    h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
+    return False
+
+
+def replay(r: redis.Redis, keys: Keys, h: Held, page: int = 256) -> Iterator[tuple[Any, Any]]:
+    """The stream's chunks from the start up to the model's cursor, as ``(x, y)`` tensors."""
+    start: str | bytes = "-"
+    key = keys.log(h.tenant, h.stream)
+    while True:
+        entries = r.xrange(key, start, h.cursor, count=page)
+        for _, fields in entries:
+            yield records.decode_chunk(fields)
+        if len(entries) < page:
+            return
+        start = b"(" + entries[-1][0]
