@@ -36,10 +36,10 @@ import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from workers import alerts as detector_lib
+from workers import lifeline, quarantine
 from workers.comparison import leader as leader_of
 from workers.config import Settings, get_settings
 from workers.engine import ModelEngine
-from workers.sgais import NumericalError
 from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
 from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_model_ref
@@ -76,13 +76,18 @@ class Held:
     chunks: int = 0
     detector: dict[str, Any] = field(default_factory=dict)
     renewed_at: float = 0.0
+    # issue 11 quarantine hook: the attempt being made (workers/quarantine.py) and the block budget
+    fp: str = ""
+    attempt: int = 0
+    attempt_cursor: bytes | None = None
+    budget: quarantine.Budget | None = None
 
     @property
     def stream(self) -> str:
         return self.cfg["stream"]
 
 
-class Worker:
+class Worker(quarantine.QuarantineHooks):  # issue 11: begin_attempt, model_failed, arm_budget
     """One worker (a process or a thread of ``sgais serve``). ``run()`` loops until ``stop`` is set."""
 
     def __init__(self, settings: Settings, *, stop: threading.Event | None = None, worker_id: str | None = None):
@@ -109,6 +114,9 @@ class Worker:
             except (redis.ConnectionError, redis.TimeoutError) as err:
                 log.warning("worker %s: Redis unavailable (%s); retrying", self.id, err)
                 self.held.clear()  # leases and checkpoints are re-read when Redis is back
+                self.stop.wait(1.0)
+            except Exception:  # issue 11: the loop never dies (model failures are handled per model)
+                log.exception("worker %s: unexpected error; continuing", self.id)
                 self.stop.wait(1.0)
         self.shutdown()
 
@@ -193,10 +201,12 @@ class Worker:
         pipe = self.r.pipeline(transaction=False)
         for ref in free:
             pipe.hget(self.keys.checkpoint(*parse_model_ref(ref)), "status")
-        for ref, st in zip(free, pipe.execute()):
+            pipe.hget(quarantine.attempts_key(self.keys, *parse_model_ref(ref)), "parked_until")  # issue 11
+        res = pipe.execute()
+        for ref, st, parked in zip(free, res[::2], res[1::2], strict=True):
             if len(self.held) >= share:
                 break
-            if st == b"error":
+            if st == b"error" or (parked is not None and float(parked) > time.time()):  # issue 11: parked
                 continue
             tenant, name = parse_model_ref(ref)
             token = secrets.token_hex(8)
@@ -207,8 +217,9 @@ class Worker:
                         self.held[ref] = h
                 except LeaseLost:
                     pass
-                except (NumericalError, ValueError) as err:
-                    self.record_error(h, err)
+                except Exception as err:  # issue 11 quarantine hook (was: NumericalError, ValueError only)
+                    if not self.model_failed(h, err):
+                        raise
 
     def keep_alive(self, h: Held) -> None:
         """Called before every block of ``h`` and by the engine between the blocks of a re-annealing:
@@ -248,6 +259,7 @@ class Worker:
             return False
         h.cfg = json.loads(raw)
         ckpt = self.r.hgetall(self.keys.checkpoint(h.tenant, h.name))
+        self.begin_attempt(h, ckpt.get(b"cursor", b"0-0"), "restore")  # issue 11: a restore may crash too
         if b"state" in ckpt:
             h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
             h.detector = json.loads(ckpt[b"detector"])
@@ -259,6 +271,8 @@ class Worker:
             h.engine = ModelEngine(h.cfg["family"], h.cfg["params"], h.cfg["sampler"])
             h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
             self.commit(h, b"0-0", 0, [], [])
+        self.end_attempt(h)  # issue 11: restored; give the attempt back
+        self.arm_budget(h)  # issue 11: block budget checked inside the engine
         return True
 
     def replay(self, h: Held) -> Iterator[tuple[Any, Any]]:
@@ -280,10 +294,11 @@ class Worker:
             if self.stop.is_set():
                 break
             try:
+                self.begin_attempt(h, h.cursor, "block")  # issue 11: counted before the block, survives a crash
                 self.absorb(h, entry_id, fields)
-            except (NumericalError, ValueError) as err:
-                self.record_error(h, err)
-                self.held.pop(f"{h.tenant}/{h.name}", None)
+            except Exception as err:  # issue 11 quarantine hook (was: NumericalError, ValueError only)
+                if not self.model_failed(h, err):
+                    raise
                 return True
         return bool(entries)
 
@@ -300,7 +315,13 @@ class Worker:
             self.keep_alive(h)
             xb, yb = (x[start : start + size] if x is not None else None), y[start : start + size]
             t0 = time.perf_counter()
-            (info,) = h.engine.update(xb, yb, validated=True, heartbeat=lambda: self.keep_alive(h))
+            if h.budget is not None:  # issue 11: block budget armed for this block only
+                h.budget.start()
+            try:
+                (info,) = h.engine.update(xb, yb, validated=True, heartbeat=lambda: self.keep_alive(h))
+            finally:
+                if h.budget is not None:
+                    h.budget.stop()
             seconds = time.perf_counter() - t0
             row = {
                 "seq": seq,
@@ -516,6 +537,7 @@ def main(settings: Settings | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    lifeline.watch_parent(stop)  # issue 11: exit when the supervising `sgais serve` dies (SGAIS_PARENT_PID)
     Worker(settings, stop=stop).run()
 
 
