@@ -37,6 +37,7 @@ would have kept every other model of the worker waiting for it (the reviewed cas
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import zlib
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from workers.store.keys import Keys
 
 CRASH_REASON = "the worker process died"
 
-# KEYS: lease, attempts.  ARGV: token, cursor, model fingerprint, worker id, now (unix s), limit, what.
+# KEYS: lease, attempts.  ARGV: token, cursor, model fingerprint, worker id, now (unix s), limit, what, attempt id.
 # Returns {'lost'} | {'exhausted', n, reason} | {'ok', n} (n = attempts at the cursor, this one included).
 BEGIN_LUA = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'lost'} end
@@ -61,24 +62,24 @@ if last == '' then last = 'the worker process died' end
 if n >= tonumber(ARGV[6]) then return {'exhausted', n, last} end
 if n == 0 then last = '' end
 redis.call('HSET', KEYS[2], 'cursor', ARGV[2], 'model', ARGV[3], 'attempts', n + 1, 'reason', '', 'last', last,
-           'worker', ARGV[4], 'started_at', ARGV[5], 'what', ARGV[7])
+           'worker', ARGV[4], 'started_at', ARGV[5], 'what', ARGV[7], 'id', ARGV[8])
 return {'ok', n + 1}
 """
 
-# KEYS: lease, attempts.  ARGV: token, cursor, model fingerprint, reason ('' = give the attempt back),
-# parked until (unix s, '' = not parked).  Returns 1 if the record was updated, else 0.
+# KEYS: attempts.  ARGV: attempt id, reason ('' = give the attempt back), parked until (unix s, '' = not
+# parked).  Fenced by the attempt id rather than the lease: an attempt that lost its lease can still be given
+# back, and nothing is written once another attempt (another worker) started.  Returns 1 if updated, else 0.
 SETTLE_LUA = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local rec = redis.call('HMGET', KEYS[2], 'cursor', 'model', 'attempts')
-if rec[1] ~= ARGV[2] or rec[2] ~= ARGV[3] then return 0 end
-if ARGV[4] == '' then
-  redis.call('HSET', KEYS[2], 'attempts', math.max((tonumber(rec[3]) or 1) - 1, 0))
+local rec = redis.call('HMGET', KEYS[1], 'id', 'attempts')
+if rec[1] ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then
+  redis.call('HSET', KEYS[1], 'attempts', math.max((tonumber(rec[2]) or 1) - 1, 0))
 else
-  redis.call('HSET', KEYS[2], 'reason', ARGV[4])
+  redis.call('HSET', KEYS[1], 'reason', ARGV[2])
 end
-if ARGV[5] ~= '' then
-  redis.call('HSET', KEYS[2], 'parked_until', ARGV[5])
-  redis.call('HINCRBY', KEYS[2], 'overruns', 1)
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'parked_until', ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'overruns', 1)
 end
 return 1
 """
@@ -172,8 +173,10 @@ class Attempts:
         self._begin = r.register_script(BEGIN_LUA)
         self._settle = r.register_script(SETTLE_LUA)
 
-    def begin(self, tenant: str, model: str, token: str, cursor: bytes, fp: str, limit: int, what: str) -> int:
-        """Count an attempt at ``cursor``; its number (1 = first).
+    def begin(
+        self, tenant: str, model: str, token: str, cursor: bytes, fp: str, limit: int, what: str
+    ) -> tuple[int, str]:
+        """Count an attempt at ``cursor``: its number (1 = first) and id (for :meth:`settle`).
 
         Raises
         ------
@@ -184,34 +187,28 @@ class Attempts:
         """
         from workers.store.commit import LeaseLost
 
+        attempt_id = secrets.token_hex(8)
         res = self._begin(
             keys=[self.keys.lease(tenant, model), attempts_key(self.keys, tenant, model)],
-            args=[token, cursor, fp, self.worker_id, f"{time.time():.3f}", limit, what],
+            args=[token, cursor, fp, self.worker_id, f"{time.time():.3f}", limit, what, attempt_id],
         )
         if res[0] == b"lost":
             raise LeaseLost(model)
         if res[0] == b"exhausted":
             raise Exhausted(exhausted_message(int(res[1]), res[2].decode()))
-        return int(res[1])
+        return int(res[1]), attempt_id
 
     def settle(
-        self,
-        tenant: str,
-        model: str,
-        token: str,
-        cursor: bytes,
-        fp: str,
-        *,
-        reason: str = "",
-        parked_until: float | None = None,
+        self, tenant: str, model: str, attempt_id: str, *, reason: str = "", parked_until: float | None = None
     ) -> bool:
         """End an attempt without a commit: ``reason`` = it failed (kept for the ``error`` text); empty = give
-        the attempt back (a successful restore, a budget abort).  ``parked_until``: no worker leases the model
-        before this unix time.  False if the lease or the record moved (nothing written)."""
+        the attempt back (a successful restore, a budget abort, a lease lost by a live worker).
+        ``parked_until``: no worker leases the model before this unix time.  False if another attempt started
+        meanwhile (nothing written)."""
         return bool(
             self._settle(
-                keys=[self.keys.lease(tenant, model), attempts_key(self.keys, tenant, model)],
-                args=[token, cursor, fp, reason, "" if parked_until is None else f"{parked_until:.3f}"],
+                keys=[attempts_key(self.keys, tenant, model)],
+                args=[attempt_id, reason, "" if parked_until is None else f"{parked_until:.3f}"],
             )
         )
 
@@ -286,14 +283,15 @@ class QuarantineHooks:
         """
         if not getattr(h, "fp", ""):
             h.fp = fingerprint(json.dumps(h.cfg, sort_keys=True).encode())
-        h.attempt = self.attempts.begin(
+        h.attempt_id = ""  # set once this attempt is recorded
+        h.attempt, h.attempt_id = self.attempts.begin(
             h.tenant, h.name, h.token, cursor, h.fp, self.s.max_block_attempts, f"{what} by {self.id}"
         )
-        h.attempt_cursor = cursor
 
     def end_attempt(self, h: Any) -> None:
         """The attempt ended well without a commit (a restore): give it back."""
-        self.attempts.settle(h.tenant, h.name, h.token, h.attempt_cursor, h.fp)
+        self.attempts.settle(h.tenant, h.name, h.attempt_id)
+        h.attempt_id = ""
 
     def arm_budget(self, h: Any) -> None:
         """Give the freshly built engine of ``h`` its block budget (checked inside every block)."""
@@ -305,12 +303,18 @@ class QuarantineHooks:
         False for the worker's own conditions (lost lease, Redis unavailable) that the caller must re-raise."""
         from workers.store.commit import LeaseLost
 
-        if isinstance(err, LeaseLost | redis.ConnectionError | redis.TimeoutError):
+        if isinstance(err, LeaseLost):
+            # this worker is alive: losing the lease (a block longer than the lease, a rebalance) is no failure
+            if h.attempt_id:
+                self.attempts.settle(h.tenant, h.name, h.attempt_id)
+                h.attempt_id = ""
+            return False
+        if isinstance(err, redis.ConnectionError | redis.TimeoutError):
             return False
         ref = f"{h.tenant}/{h.name}"
         self.held.pop(ref, None)
         stream = h.cfg.get("stream") if h.cfg else None
-        cursor = getattr(h, "attempt_cursor", None)
+        attempt_id = h.attempt_id
         try:
             if isinstance(err, Exhausted):
                 self._log_failure(h, "quarantined", err)
@@ -319,8 +323,8 @@ class QuarantineHooks:
             elif isinstance(err, BlockBudgetExceeded):
                 self._log_failure(h, "degraded", err)
                 until = time.time() + self.s.block_budget_cooldown_seconds
-                if cursor is not None:
-                    self.attempts.settle(h.tenant, h.name, h.token, cursor, h.fp, parked_until=until)
+                if attempt_id:
+                    self.attempts.settle(h.tenant, h.name, attempt_id, parked_until=until)
                 message = f"{err}; the model is parked until {time.strftime('%H:%M:%S', time.gmtime(until))} UTC"
                 set_status(self.r, self.keys, tenant=h.tenant, model=h.name, stream=stream, token=h.token,
                            status="degraded", message=message)  # fmt: skip
@@ -329,15 +333,15 @@ class QuarantineHooks:
             else:
                 reason = f"{type(err).__name__}: {err}"
                 self._log_failure(h, f"attempt {getattr(h, 'attempt', '?')} failed", err)
-                if cursor is None:  # not inside a counted attempt: nothing to retry against
+                if not attempt_id:  # not inside a counted attempt: nothing to retry against
                     set_status(self.r, self.keys, tenant=h.tenant, model=h.name, stream=stream, token=h.token,
                                status="error", message=reason)  # fmt: skip
                 elif getattr(h, "attempt", 0) >= self.s.max_block_attempts:
-                    self.attempts.settle(h.tenant, h.name, h.token, cursor, h.fp, reason=reason)
+                    self.attempts.settle(h.tenant, h.name, attempt_id, reason=reason)
                     set_status(self.r, self.keys, tenant=h.tenant, model=h.name, stream=stream, token=h.token,
                                status="error", message=exhausted_message(h.attempt, reason))  # fmt: skip
                 else:  # retried from the checkpoint, by this worker or another
-                    self.attempts.settle(h.tenant, h.name, h.token, cursor, h.fp, reason=reason)
+                    self.attempts.settle(h.tenant, h.name, attempt_id, reason=reason)
                     self.r.eval(RELEASE_LUA, 1, self.keys.lease(h.tenant, h.name), h.token)
         except (redis.ConnectionError, redis.TimeoutError):
             raise

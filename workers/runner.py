@@ -79,7 +79,7 @@ class Held:
     # issue 11 quarantine hook: the attempt being made (workers/quarantine.py) and the block budget
     fp: str = ""
     attempt: int = 0
-    attempt_cursor: bytes | None = None
+    attempt_id: str = ""
     budget: quarantine.Budget | None = None
 
     @property
