@@ -226,7 +226,8 @@ class Attempts:
 
     def record(self, tenant: str, model: str) -> dict[str, str]:
         """The raw record (tests, diagnostics)."""
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(attempts_key(self.keys, tenant, model)).items()}
+        raw: dict[bytes, bytes] = self.r.hgetall(attempts_key(self.keys, tenant, model))  # type: ignore[assignment]
+        return {k.decode(): v.decode() for k, v in raw.items()}
 
 
 def set_status(
@@ -242,10 +243,10 @@ def set_status(
                 return False
             fresh = not pipe.hexists(ckpt, "chunks")
             pipe.multi()
-            fields: dict[str, Any] = {"status": status, "error": message}
+            fields = {"status": status, "error": message}
             if fresh:
-                fields.update(chunks=0, observations=0, log_evidence="0.0", cursor="0-0")
-            pipe.hset(ckpt, mapping=fields)
+                fields.update(chunks="0", observations="0", log_evidence="0.0", cursor="0-0")
+            pipe.hset(ckpt, mapping=fields)  # type: ignore[arg-type]  # (redis-py: Mapping keys are invariant)
             if stream is not None:
                 event = {"type": "error", "model": model, "stream": stream, "status": status, "error": message}
                 pipe.publish(keys.events(tenant, stream), json.dumps(event))

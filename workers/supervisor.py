@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 log = logging.getLogger("sgais.supervisor")
 
@@ -43,14 +43,14 @@ class Supervisor:
     """Keep ``count`` worker processes alive (a thread of the serving process).
 
     ``command``: the worker's argv (default ``python -m workers.runner``); ``env``: its environment
-    (``SGAIS_PARENT_PID`` is added).  ``start()`` launches them and the watch thread; ``stop()`` stops the
-    restarts, sends SIGTERM, waits ``timeout`` seconds and SIGKILLs what is left.
+    (``SGAIS_PARENT_PID`` is added, unset values are left out).  ``start()`` launches them and the watch
+    thread; ``stop()`` stops the restarts, sends SIGTERM, waits ``timeout`` seconds and SIGKILLs what is left.
     """
 
     def __init__(
         self,
         count: int,
-        env: dict[str, str],
+        env: Mapping[str, str | None],
         *,
         command: Sequence[str] | None = None,
         base_seconds: float = 1.0,
@@ -60,7 +60,7 @@ class Supervisor:
     ):
         self.count = count
         self.command = list(command or [sys.executable, "-m", "workers.runner"])
-        self.env = {**env, "SGAIS_PARENT_PID": str(os.getpid())}
+        self.env = {**{k: v for k, v in env.items() if v is not None}, "SGAIS_PARENT_PID": str(os.getpid())}
         self.base, self.cap, self.poll = base_seconds, max_seconds, poll_seconds
         self.clock = clock
         self.children: list[subprocess.Popen | None] = [None] * count
