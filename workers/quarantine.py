@@ -3,22 +3,26 @@
 Two mechanisms, both per model, both keeping the committed state and exactly-once intact:
 
 **Attempt accounting (quarantine).**  Before a worker starts work that may fail on a model (restoring
-or creating its engine, absorbing the chunk after cursor ``C``) it records an *attempt* at ``C`` in the
-Redis hash ``P:T:attempts:{m}`` with one fenced script (:data:`BEGIN_LUA`: nothing is written unless the
-model's lease holds the worker's token).  The commit that applies the chunk moves the checkpoint's
-cursor past ``C``, which makes the record stale: a record counts only while its cursor equals the
-model's committed cursor, so no clearing round trip is needed.  An attempt that never reached its
-commit (the worker process died: SIGKILL, OOM killer, a native abort; or an exception in the block)
-therefore stays counted, and the record survives the worker.  When :data:`BEGIN_LUA` finds
-``max_block_attempts`` failed attempts at the cursor it refuses (``exhausted``) and the worker marks the
-model ``error`` with the reason instead of running it; every other model keeps progressing.
-Exceptions caught in the worker add their text to the record (``reason``) so the final ``error``
-names the cause; a crash leaves the reason "the worker process died".  Work that ends normally
-without a commit (a successful restore, a budget abort) gives its attempt back (:data:`SETTLE_LUA`).
+or creating its engine; absorbing a batch of chunks, the first after cursor ``C``) it records an
+*attempt* at ``C`` in the Redis hash ``P:T:attempts:{m}`` with one fenced script (:data:`BEGIN_LUA`:
+nothing is written unless the model's lease holds the worker's token).  The commit that applies the
+chunk moves the checkpoint's cursor past ``C``, which makes the record stale: a record counts only while
+its cursor equals the model's committed cursor, so no clearing round trip is needed.  An attempt that
+never reached its commit (the worker process died: SIGKILL, OOM killer, a native abort) therefore stays
+counted, and the record survives the worker.  When :data:`BEGIN_LUA` finds ``max_block_attempts``
+failed attempts at the cursor it refuses (``exhausted``) and the worker marks the model ``error`` with
+the reason instead of running it; every other model keeps progressing.
 
-What also counts as a failed attempt: a lease lost or a Redis outage in the middle of a chunk (the
-attempt was started and did not commit).  With the lease heartbeat of issue 11 a live worker does not
-lose its leases, and ``max_block_attempts`` of them at the same cursor is what a crash loop looks like.
+One attempt is recorded per batch (``read_batch`` chunks of one model), not per chunk: one round trip
+per batch instead of one more per chunk (a fenced commit is one round trip per chunk).  A worker that
+dies on a later chunk of a batch leaves a stale record, so that first death is not counted; every
+following worker starts its batch at that chunk, so the next deaths are: a crash loop ends after at
+most ``max_block_attempts + 1`` deaths.  Exceptions are counted exactly (the live worker records a
+failure at the failing chunk's cursor) and their text is kept (``reason``) for the final ``error``; a
+crash leaves "the worker process died".  Work that ends without a failure and without a commit (a
+successful restore, a budget abort, a lease lost by a live worker) gives its attempt back
+(:data:`SETTLE_LUA`, fenced by the attempt's id).  A Redis outage in the middle of a batch counts as a
+failed attempt (nothing can be written then).
 
 **Block budget.**  A block (``block_size`` observations, one ``ModelEngine.update`` call, including any
 re-annealing it triggers) gets ``block_budget_seconds`` of wall-clock time.  The check runs at every
@@ -288,6 +292,7 @@ class QuarantineHooks:
         h.attempt, h.attempt_id = self.attempts.begin(
             h.tenant, h.name, h.token, cursor, h.fp, self.s.max_block_attempts, f"{what} by {self.id}"
         )
+        h.attempt_cursor = cursor
 
     def end_attempt(self, h: Any) -> None:
         """The attempt ended well without a commit (a restore): give it back."""
@@ -333,17 +338,24 @@ class QuarantineHooks:
                 self.record_error(h, err)  # type: ignore[attr-defined]
             else:
                 reason = f"{type(err).__name__}: {err}"
-                self._log_failure(h, f"attempt {getattr(h, 'attempt', '?')} failed", err)
-                if not attempt_id:  # not inside a counted attempt: nothing to retry against
-                    set_status(self.r, self.keys, tenant=h.tenant, model=h.name, stream=stream, token=h.token,
-                               status="error", message=reason)  # fmt: skip
-                elif getattr(h, "attempt", 0) >= self.s.max_block_attempts:
+                if not attempt_id or getattr(h, "attempt_cursor", None) != h.cursor:
+                    # the worker counts one attempt per batch of chunks; this failure, on a later chunk, is
+                    # counted now (Exhausted: it was the last one allowed)
+                    self.begin_attempt(h, h.cursor, "block")
+                    attempt_id = h.attempt_id
+                self._log_failure(h, f"attempt {h.attempt} failed", err)
+                if h.attempt >= self.s.max_block_attempts:
                     self.attempts.settle(h.tenant, h.name, attempt_id, reason=reason)
                     set_status(self.r, self.keys, tenant=h.tenant, model=h.name, stream=stream, token=h.token,
                                status="error", message=exhausted_message(h.attempt, reason))  # fmt: skip
                 else:  # retried from the checkpoint, by this worker or another
                     self.attempts.settle(h.tenant, h.name, attempt_id, reason=reason)
                     self.r.eval(RELEASE_LUA, 1, self.keys.lease(h.tenant, h.name), h.token)
+        except Exhausted as exhausted:
+            set_status(self.r, self.keys, tenant=h.tenant, model=h.name, stream=stream, token=h.token,
+                       status="error", message=str(exhausted))  # fmt: skip
+        except LeaseLost:
+            pass  # dropped; the next holder retries
         except (redis.ConnectionError, redis.TimeoutError):
             raise
         except redis.RedisError as redis_err:  # e.g. a script error: the model stays dropped, the lease expires

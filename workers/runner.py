@@ -80,6 +80,7 @@ class Held:
     fp: str = ""
     attempt: int = 0
     attempt_id: str = ""
+    attempt_cursor: bytes | None = None
     budget: quarantine.Budget | None = None
 
     @property
@@ -290,11 +291,12 @@ class Worker(quarantine.QuarantineHooks):  # issue 11: begin_attempt, model_fail
     def advance(self, h: Held) -> bool:
         """Absorb up to ``read_batch`` chunks past the model's cursor. True if any."""
         entries = self.r.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
-        for entry_id, fields in entries:
+        for i, (entry_id, fields) in enumerate(entries):
             if self.stop.is_set():
                 break
             try:
-                self.begin_attempt(h, h.cursor, "block")  # issue 11: counted before the block, survives a crash
+                if i == 0:  # issue 11: one attempt counted per batch, before its first block; survives a crash
+                    self.begin_attempt(h, h.cursor, "block")
                 self.absorb(h, entry_id, fields)
             except Exception as err:  # issue 11 quarantine hook (was: NumericalError, ValueError only)
                 if not self.model_failed(h, err):
