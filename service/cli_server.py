@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -50,6 +49,7 @@ def serve(
 
     from service.app import create_app
     from workers.config import get_settings
+    from workers.supervisor import Supervisor
 
     overrides = {
         k: v
@@ -60,7 +60,7 @@ def serve(
     }
     settings = get_settings().model_copy(update=overrides)
     server = None
-    children: list[subprocess.Popen] = []
+    supervisor = None  # issue 11: restarts dead worker processes with backoff (workers/supervisor.py)
     threads = settings.workers if settings.worker_mode == "thread" else 0
     # uvicorn shuts down gracefully on SIGTERM, restores the handler it found and raises the signal
     # again: with the default handler the process died there, before the `finally` below that stops
@@ -82,19 +82,18 @@ def serve(
             }
             if settings.torch_threads:
                 env["SGAIS_TORCH_THREADS"] = str(settings.torch_threads)
-            children = [
-                subprocess.Popen([sys.executable, "-m", "workers.runner"], env=env) for _ in range(settings.workers)
-            ]
+            supervisor = Supervisor(
+                settings.workers,
+                env,
+                base_seconds=settings.restart_backoff_seconds,
+                max_seconds=settings.restart_backoff_max_seconds,
+            )
+            supervisor.start()
         uvicorn.run(create_app(settings, workers=threads), host=settings.host, port=settings.port, log_level="info")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        if supervisor is not None:
+            supervisor.stop(timeout=30)
         if server is not None:
             server.shutdown()
 

@@ -103,7 +103,9 @@ class Trace(BaseModel):
 class Evidence(BaseModel):
     model: str
     stream: str
-    status: Literal["pending", "ok", "error"] = Field(..., description="pending = not yet picked up by a worker")
+    status: Literal["pending", "ok", "degraded", "error"] = Field(
+        ..., description="pending = not yet picked up by a worker; degraded = see error (e.g. block budget exceeded)"
+    )
     error: str | None = None
     observations: int
     chunks_processed: int

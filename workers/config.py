@@ -48,6 +48,26 @@ class Settings(BaseSettings):
         "cpu", description="default sampler.device for models that do not set one"
     )
     metrics_port: int | None = Field(None, description="worker: serve Prometheus metrics on this port")
+    # issue 11: quarantine, block budget, supervision (workers/quarantine.py, workers/supervisor.py)
+    max_block_attempts: int = Field(
+        3,
+        ge=1,
+        description="worker: failed attempts (exceptions or worker deaths) at the same block before the model "
+        "is marked error",
+    )
+    block_budget_seconds: float | None = Field(
+        120.0,
+        gt=0,
+        description="worker: wall-clock seconds a block may take; beyond it the block is aborted and the model "
+        "is degraded and parked (null = no budget)",
+    )
+    block_budget_cooldown_seconds: float = Field(
+        600.0, ge=0, description="worker: a model degraded by the block budget is retried after this many seconds"
+    )
+    restart_backoff_seconds: float = Field(
+        1.0, gt=0, description="sgais serve: first delay before restarting a dead worker (doubles per quick death)"
+    )
+    restart_backoff_max_seconds: float = Field(60.0, gt=0, description="sgais serve: longest restart delay")
     worker_id: str | None = Field(None, description="worker: name in heartbeats and metrics (default host-pid-random)")
 
     def tenants_by_key(self) -> dict[str, str]:

@@ -9,6 +9,7 @@ import threading
 
 from prometheus_client import start_http_server
 
+from workers import lifeline
 from workers.config import Settings, get_settings
 from workers.worker import Worker
 from workers.worker.metrics import WORKER_REGISTRY
@@ -29,6 +30,7 @@ def main(settings: Settings | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    lifeline.watch_parent(stop)  # exit when the supervising `sgais serve` dies (SGAIS_PARENT_PID)
     Worker(settings, stop=stop).run()
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.engine import ModelEngine
+from workers.quarantine import Budget
 from workers.sgais import BlockInfo
 from workers.store import records
 
@@ -29,11 +30,13 @@ def absorb_chunk(
     seq: int,
     first_index: int,
     clock: Callable[[], float] = time.perf_counter,
+    budget: Budget | None = None,
 ) -> list[Block]:
     """Absorb a chunk (``x: [B, d] | None``, ``y: [B, ...]``, validated by the family as they come from
     the stream log) block by block, each of ``engine.settings.block_size`` values, timing each update.
 
-    ``seq`` is the chunk's number, ``first_index`` the stream index of its first value.
+    ``seq`` is the chunk's number, ``first_index`` the stream index of its first value.  ``budget`` (the
+    block budget, :class:`workers.quarantine.Budget`) is armed for each block's update only.
 
     Raises
     ------
@@ -47,7 +50,13 @@ def absorb_chunk(
     for start in range(0, y.shape[0], size):
         xb, yb = (x[start : start + size] if x is not None else None), y[start : start + size]
         t0 = clock()
-        (info,) = engine.update(xb, yb, validated=True)
+        if budget is not None:
+            budget.start()
+        try:
+            (info,) = engine.update(xb, yb, validated=True)
+        finally:
+            if budget is not None:
+                budget.stop()
         seconds = clock() - t0
         row = records.trace_row(
             info, seq=seq, first_index=first_index + start, block_observations=int(yb.shape[0]), seconds=seconds

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from workers.engine import ModelEngine
+from workers.quarantine import Budget, attempts_key
 from workers.store.commit import Scripts
 from workers.store.keys import Keys, model_ref, parse_model_ref
 from workers.store.scripts import RENEW_LUA
@@ -45,6 +46,12 @@ class Held:
     chunks: int = 0
     detector: dict[str, Any] = field(default_factory=dict)
     lost: bool = False  # set by the heartbeat when a renewal found the lease gone
+    # quarantine (workers/quarantine.py): the attempt being made and the block budget
+    fp: str = ""
+    attempt: int = 0
+    attempt_id: str = ""
+    attempt_cursor: bytes | None = None
+    budget: Budget | None = None
 
     @property
     def stream(self) -> str:
@@ -124,11 +131,13 @@ class Leases:
         pipe = self.r.pipeline(transaction=False)
         for ref in free:
             pipe.hget(self.keys.checkpoint(*parse_model_ref(ref)), "status")
+            pipe.hget(attempts_key(self.keys, *parse_model_ref(ref)), "parked_until")
         taken: list[Held] = []
-        for ref, st in zip(free, pipe.execute(), strict=True):
+        res = pipe.execute()
+        for ref, st, parked in zip(free, res[::2], res[1::2], strict=True):
             if len(self.held) + len(taken) >= share:
                 break
-            if st == b"error":
+            if st == b"error" or (parked is not None and float(parked) > time.time()):  # failed, or parked
                 continue
             tenant, name = parse_model_ref(ref)
             token = secrets.token_hex(8)

@@ -23,8 +23,8 @@ from typing import Any
 
 import redis
 
+from workers import quarantine
 from workers.config import Settings
-from workers.sgais import NumericalError
 from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
 from workers.store.keys import Keys
@@ -38,9 +38,14 @@ from workers.worker.restore import restore
 log = logging.getLogger("sgais.worker")
 
 
-class Worker:
+class Worker(quarantine.QuarantineHooks):
     """One worker (a process or a thread of ``sgais serve``).  ``run()`` loops until ``stop`` is set, with a
-    heartbeat thread; ``step()`` makes one pass over what is there and returns (tests drive it)."""
+    heartbeat thread; ``step()`` makes one pass over what is there and returns (tests drive it).
+
+    Failures are per model (:class:`~workers.quarantine.QuarantineHooks`, issue 11): an exception or a worker
+    death while a model is restored or absorbs a batch counts an attempt in Redis; after
+    ``max_block_attempts`` the model goes to ``error``; a block over ``block_budget_seconds`` is aborted and
+    the model ``degraded`` and parked.  The loop itself never dies on one model."""
 
     def __init__(self, settings: Settings, *, stop: threading.Event | None = None, worker_id: str | None = None):
         self.s = settings
@@ -76,6 +81,9 @@ class Worker:
                 except (redis.ConnectionError, redis.TimeoutError) as err:
                     log.warning("worker %s: Redis unavailable (%s); retrying", self.id, err)
                     self.leases.clear()  # leases and checkpoints are re-read when Redis is back
+                    self.stop.wait(1.0)
+                except Exception:  # the loop never dies (model failures are handled per model)
+                    log.exception("worker %s: unexpected error; continuing", self.id)
                     self.stop.wait(1.0)
         finally:
             self._heartbeat.close()
@@ -142,8 +150,9 @@ class Worker:
                     self.leases.release(h)
             except LeaseLost:
                 self.leases.drop(h.ref)
-            except (NumericalError, ValueError) as err:
-                self.record_error(h, err)
+            except Exception as err:  # quarantine: counted, error after max_block_attempts
+                if not self.model_failed(h, err):
+                    raise
                 self.leases.drop(h.ref)
 
     def drop_lost(self) -> None:
@@ -162,9 +171,16 @@ class Worker:
 
     def load(self, h: Held) -> bool:
         """Restore (or create) the engine of a freshly leased model.  False if the model is gone."""
+        if not self.r.exists(self.keys.model(h.tenant, h.name)):
+            return False
+        h.cfg = json.loads(self.r.get(self.keys.model(h.tenant, h.name)) or b"{}")
+        ckpt_cursor = self.r.hget(self.keys.checkpoint(h.tenant, h.name), "cursor") or b"0-0"
+        self.begin_attempt(h, ckpt_cursor, "restore")  # a restore may crash the worker too
         restored = restore(self.r, self.keys, h)
         if restored is None:
             return False
+        self.end_attempt(h)  # restored: the attempt is given back
+        self.arm_budget(h)  # the block budget, checked inside the engine
         if restored:
             # a worker killed between a commit and its stream-posterior update left that update undone
             self.update_stream_posterior(h, self.posteriors.state(h), [])
@@ -182,14 +198,17 @@ class Worker:
             The lease was lost (``blocks``: the blocks computed and not committed).
         """
         entries = self.r.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
-        for entry_id, fields in entries:
+        for i, (entry_id, fields) in enumerate(entries):
             if self.stop.is_set():
                 break
             self.beat_if_due()
             try:
+                if i == 0:  # one attempt counted per batch, before its first block; survives a crash
+                    self.begin_attempt(h, h.cursor, "block")
                 self.absorb(h, entry_id, fields)
-            except (NumericalError, ValueError) as err:
-                self.record_error(h, err)
+            except Exception as err:  # quarantine (LeaseLost and Redis outages are re-raised)
+                if not self.model_failed(h, err):
+                    raise
                 self.leases.drop(h.ref)
                 return True
         return bool(entries)
@@ -199,7 +218,7 @@ class Worker:
         assert h.engine is not None
         seq = int(fields[b"seq"])
         x, y = records.decode_chunk(fields)
-        blocks = absorb_chunk(h.engine, x, y, seq=seq, first_index=int(fields[b"first_index"]))
+        blocks = absorb_chunk(h.engine, x, y, seq=seq, first_index=int(fields[b"first_index"]), budget=h.budget)
         h.detector, found = detect.detect(h.detector, h.cfg, blocks, stream=h.stream, model=h.name)
         rows = [b.row for b in blocks]
         self.commit(h, entry_id, seq, rows, found)

@@ -1,0 +1,362 @@
+"""Soak test (issue 11, acceptance 5): mixed traffic against ``sgais serve`` with worker SIGKILLs.
+
+Starts ``sgais serve --workers W`` (real processes, supervised workers) on a real Redis, then for
+``--minutes``:
+
+* posts a chunk to each of ``--streams`` streams every ``--post-every`` seconds (two persistent models
+  per stream, deterministic data);
+* keeps ``--sockets`` WebSocket clients on the streams' event channels, each reconnecting every
+  ``--reconnect-every`` seconds;
+* every ``--churn-every`` seconds creates a model on a fresh stream, posts two chunks to it, waits
+  for them and deletes the model (``DELETE /v1/models/{m}``; main has no stream deletion);
+* SIGKILLs one worker process every ``--kill-every`` seconds (``sgais serve`` restarts it);
+* samples the RSS of the API process and of each worker every ``--sample-every`` seconds.
+
+Then it waits until every persistent model has absorbed every chunk and compares each model's trace
+with an uninterrupted bare-engine run on the same chunks (every field but ``seconds``), and prints a
+JSON summary: HTTP status counts (5xx), WebSocket events, kills and restarts, RSS series with their
+least-squares slope over the second half (MB per hour), trace equality.
+
+    python bench/soak.py --minutes 12 --redis-url redis://127.0.0.1:6379/8
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import redis
+import torch
+from websockets.sync.client import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from workers.engine import ModelEngine  # noqa: E402
+
+MODELS = {
+    "lr-a": {"family": "linear_regression", "params": {"features": 2}, "sampler": {"particles": 10, "seed": 1}},
+    "lr-b": {"family": "linear_regression", "params": {"features": 2}, "sampler": {"particles": 20, "seed": 2}},
+}
+COMPARED = ("seq", "first_index", "observations", "log_predictive", "log_evidence", "annealing_steps", "ess")
+
+
+def chunk(stream_index: int, seq: int, rows: int) -> dict:
+    """Chunk ``seq`` (1-based) of stream ``stream_index``: y = x·(1, 2) + 0.5 + N(0, 1), deterministic."""
+    g = torch.Generator().manual_seed(1000 * stream_index + seq)
+    x = torch.randn(rows, 2, generator=g, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, 2.0], dtype=torch.float64) + 0.5 + torch.randn(rows, generator=g, dtype=torch.float64)
+    return {"seq": seq, "x": x.tolist(), "y": y.tolist()}
+
+
+def reference(model: dict, chunks: list[dict]) -> list[dict]:
+    """The trace rows of an uninterrupted bare engine (one block per chunk: chunks are smaller than block_size)."""
+    torch.set_num_threads(1)
+    eng = ModelEngine(model["family"], model["params"], model["sampler"])
+    rows, first = [], 0
+    for c in chunks:
+        (info,) = eng.update(c["x"], c["y"])
+        n = len(c["y"])
+        rows.append(
+            {
+                "seq": c["seq"],
+                "first_index": first,
+                "observations": first + n,
+                "log_predictive": info.log_predictive,
+                "log_evidence": info.log_evidence,
+                "annealing_steps": info.annealing_steps,
+                "ess": info.ess,
+            }
+        )
+        first += n
+    return rows
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace):
+        self.a = args
+        self.stop = threading.Event()
+        self.status: collections.Counter[str] = collections.Counter()
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.events: collections.Counter[str] = collections.Counter()
+        self.posted = {f"s{i}": 0 for i in range(args.streams)}
+        self.kills: list[dict] = []
+        self.samples: list[dict] = []
+        self.churned = 0
+        self.lock = threading.Lock()
+        self.url = f"http://127.0.0.1:{args.port}"
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    # ----- HTTP with accounting ---------------------------------------------------------------
+    def call(self, method: str, path: str, **kw) -> httpx.Response | None:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as err:
+            with self.lock:
+                self.errors[type(err).__name__] += 1
+            return None
+        with self.lock:
+            self.status[str(r.status_code)] += 1
+        return r
+
+    # ----- traffic ------------------------------------------------------------------------------
+    def poster(self) -> None:
+        while not self.stop.wait(self.a.post_every):
+            for i, s in enumerate(self.posted):
+                seq = self.posted[s] + 1
+                r = self.call("POST", f"/v1/streams/{s}/chunks", json=chunk(i, seq, self.a.rows))
+                if r is not None and r.status_code == 202:
+                    self.posted[s] = seq
+
+    def socket_client(self, stream: str) -> None:
+        while not self.stop.is_set():
+            try:
+                with connect(f"ws://127.0.0.1:{self.a.port}/v1/streams/{stream}/events", open_timeout=30) as ws:
+                    until = time.monotonic() + self.a.reconnect_every
+                    while not self.stop.is_set() and time.monotonic() < until:
+                        try:
+                            msg = json.loads(ws.recv(timeout=1.0))
+                        except TimeoutError:
+                            continue
+                        with self.lock:
+                            self.events[msg.get("type", "?")] += 1
+                with self.lock:
+                    self.events["reconnects"] += 1
+            except Exception as err:  # noqa: BLE001 - counted, then retried
+                with self.lock:
+                    self.errors[f"ws:{type(err).__name__}"] += 1
+                self.stop.wait(1.0)
+
+    def churner(self) -> None:
+        while not self.stop.wait(self.a.churn_every):
+            k = self.churned
+            name, stream = f"tmp-{k}", f"churn-{k}"
+            r = self.call("POST", "/v1/models", json={"name": name, "stream": stream, **MODELS["lr-a"]})
+            if r is None or r.status_code != 201:
+                continue
+            for seq in (1, 2):
+                self.call("POST", f"/v1/streams/{stream}/chunks", json=chunk(99, seq, self.a.rows))
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not self.stop.is_set():
+                r = self.call("GET", f"/v1/models/{name}/evidence")
+                if r is not None and r.status_code == 200 and r.json()["chunks_processed"] == 2:
+                    break
+                time.sleep(1.0)
+            self.call("DELETE", f"/v1/models/{name}")
+            self.churned += 1
+
+    def reader(self) -> None:
+        """Light read traffic: evidence, stream posterior, alerts."""
+        while not self.stop.wait(1.0):
+            s = random.choice(list(self.posted))
+            self.call("GET", f"/v1/streams/{s}/posterior")
+            self.call("GET", f"/v1/models/{s}-lr-a/evidence")
+            self.call("GET", "/v1/alerts", params={"stream": s})
+
+    # ----- processes ----------------------------------------------------------------------------
+    def workers(self) -> list[psutil.Process]:
+        try:
+            return [p for p in psutil.Process(self.serve.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+        except psutil.NoSuchProcess:
+            return []
+
+    def killer(self) -> None:
+        rng = random.Random(7)
+        while not self.stop.wait(self.a.kill_every):
+            procs = self.workers()
+            if procs:
+                p = rng.choice(procs)
+                with self.lock:
+                    self.kills.append({"t": round(time.monotonic() - self.t0, 1), "pid": p.pid})
+                os.kill(p.pid, signal.SIGKILL)
+
+    def sampler(self) -> None:
+        while True:
+            try:
+                api = psutil.Process(self.serve.pid).memory_info().rss
+                ws = {str(p.pid): p.memory_info().rss for p in self.workers()}
+                self.samples.append({"t": round(time.monotonic() - self.t0, 1), "api": api, "workers": ws})
+            except psutil.NoSuchProcess:
+                pass
+            if self.stop.wait(self.a.sample_every):
+                return
+
+    # ----- run ----------------------------------------------------------------------------------
+    def start_server(self) -> None:
+        env = {
+            **os.environ,
+            "SGAIS_KEY_PREFIX": self.a.prefix,
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            "SGAIS_RESTART_BACKOFF_SECONDS": "1",
+        }
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.a.port)]
+        cmd += ["--redis-url", self.a.redis_url, "--workers", str(self.a.workers)]
+        log = open(self.a.log, "w")  # noqa: SIM115 - kept open for the server's lifetime
+        self.serve = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit("sgais serve did not become ready")
+
+    def run(self) -> dict:
+        self.start_server()
+        self.t0 = time.monotonic()
+        for i in range(self.a.streams):
+            for name, model in MODELS.items():
+                r = self.call("POST", "/v1/models", json={"name": f"s{i}-{name}", "stream": f"s{i}", **model})
+                assert r is not None and r.status_code == 201, r and r.text
+        threads = [threading.Thread(target=f, daemon=True) for f in (self.poster, self.churner, self.killer)]
+        threads += [threading.Thread(target=self.reader, daemon=True)]
+        threads += [
+            threading.Thread(target=self.socket_client, args=(f"s{k % self.a.streams}",), daemon=True)
+            for k in range(self.a.sockets)
+        ]
+        sampler = threading.Thread(target=self.sampler, daemon=True)
+        sampler.start()
+        for t in threads:
+            t.start()
+        try:
+            self.stop.wait(self.a.minutes * 60)
+        finally:
+            self.stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        traffic_seconds = time.monotonic() - self.t0
+        # drain: every chunk absorbed by every persistent model
+        drained_at = None
+        deadline = time.monotonic() + self.a.drain_timeout
+        while time.monotonic() < deadline:
+            done = all(
+                (r := self.call("GET", f"/v1/models/{s}-{m}/evidence")) is not None
+                and r.json()["chunks_processed"] == n
+                for s, n in self.posted.items()
+                for m in MODELS
+            )
+            if done:
+                drained_at = time.monotonic() - self.t0
+                break
+            time.sleep(2.0)
+        sampler.join(timeout=5)
+        traces = {}
+        for i, (s, n) in enumerate(self.posted.items()):
+            chunks = [chunk(i, seq, self.a.rows) for seq in range(1, n + 1)]
+            for m, model in MODELS.items():
+                r = self.call("GET", f"/v1/models/{s}-{m}/trace", params={"limit": 10000})
+                got = [{k: row[k] for k in COMPARED} for row in r.json()["items"]] if r is not None else []
+                firsts = [row["first_index"] for row in got]
+                traces[f"{s}-{m}"] = {
+                    "rows": len(got),
+                    "duplicates": len(firsts) - len(set(firsts)),
+                    "equal_to_uninterrupted": got == reference(model, chunks),
+                }
+        workers_now = [p.pid for p in self.workers()]
+        self.serve.send_signal(signal.SIGTERM)
+        self.serve.wait(timeout=120)
+        return self.summary(traffic_seconds, drained_at, traces, workers_now)
+
+    def summary(self, traffic_seconds, drained_at, traces, workers_now) -> dict:
+        def slope_mb_per_hour(points: list[tuple[float, float]]) -> float | None:
+            pts = points[len(points) // 2 :]
+            if len(pts) < 3:
+                return None
+            n = len(pts)
+            mt = sum(t for t, _ in pts) / n
+            mv = sum(v for _, v in pts) / n
+            den = sum((t - mt) ** 2 for t, _ in pts)
+            return sum((t - mt) * (v - mv) for t, v in pts) / den * 3600 / 2**20 if den else None
+
+        api = [(s["t"], s["api"]) for s in self.samples]
+        per_worker: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+        for s in self.samples:
+            for pid, rss in s["workers"].items():
+                per_worker[pid].append((s["t"], rss))
+        longest = max(per_worker.items(), key=lambda kv: kv[1][-1][0] - kv[1][0][0]) if per_worker else None
+        mb = lambda v: round(v / 2**20, 1)  # noqa: E731
+        return {
+            "minutes_of_traffic": round(traffic_seconds / 60, 2),
+            "drained_after_seconds": None if drained_at is None else round(drained_at, 1),
+            "chunks_posted": dict(self.posted),
+            "http_status": dict(self.status),
+            "http_5xx": sum(v for k, v in self.status.items() if k.startswith("5")),
+            "client_errors": dict(self.errors),
+            "ws_events": dict(self.events),
+            "models_churned": self.churned,
+            "worker_kills": len(self.kills),
+            "workers_alive_at_end": len(workers_now),
+            "api_rss_mb": {"first": mb(api[0][1]), "max": mb(max(v for _, v in api)), "last": mb(api[-1][1])},
+            "api_rss_slope_mb_per_hour_second_half": slope_mb_per_hour(api),
+            "longest_lived_worker": None
+            if longest is None
+            else {
+                "pid": longest[0],
+                "seconds": round(longest[1][-1][0] - longest[1][0][0], 1),
+                "rss_mb_first": mb(longest[1][0][1]),
+                "rss_mb_max": mb(max(v for _, v in longest[1])),
+                "rss_mb_last": mb(longest[1][-1][1]),
+                "slope_mb_per_hour_second_half": slope_mb_per_hour(longest[1]),
+            },
+            "traces": traces,
+            "samples": self.samples,
+            "kills": self.kills,
+        }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--redis-url", default=os.environ.get("SGAIS_TEST_REDIS_URL", "redis://127.0.0.1:6379/8"))
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--streams", type=int, default=3)
+    p.add_argument("--rows", type=int, default=50)
+    p.add_argument("--post-every", type=float, default=3.0)
+    p.add_argument("--sockets", type=int, default=4)
+    p.add_argument("--reconnect-every", type=float, default=60.0)
+    p.add_argument("--churn-every", type=float, default=60.0)
+    p.add_argument("--kill-every", type=float, default=150.0)
+    p.add_argument("--sample-every", type=float, default=10.0)
+    p.add_argument("--drain-timeout", type=float, default=900.0)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--out", default="bench/results/soak.json")
+    p.add_argument("--log", default="/tmp/sgais-soak-serve.log")
+    args = p.parse_args()
+    args.port = args.port or free_port()
+    args.prefix = f"soak-{secrets.token_hex(4)}"
+    soak = Soak(args)
+    try:
+        result = soak.run()
+    finally:
+        if getattr(soak, "serve", None) is not None and soak.serve.poll() is None:
+            soak.serve.kill()
+        r = redis.Redis.from_url(args.redis_url)
+        keys = list(r.scan_iter(match=f"{args.prefix}:*", count=1000))
+        for i in range(0, len(keys), 1000):
+            r.delete(*keys[i : i + 1000])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("samples", "kills")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
