@@ -6,11 +6,12 @@ from __future__ import annotations
 import threading
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from service.metrics import BodyLimitMiddleware, TimingMiddleware
-from service.routes import alerts, chunks, events, evidence, models, ops
+from service.routes import alerts, chunks, events, evidence, models, ops, streams
+from service.unavailable import api_redis
+from service.unavailable import install as install_unavailable
 from workers.config import Settings, get_settings
 
 
@@ -24,7 +25,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     async def lifespan(app: FastAPI):
         if not settings.redis_url:
             raise RuntimeError("SGAIS_REDIS_URL is not set (sgais serve starts an embedded Redis)")
-        app.state.redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+        app.state.redis = api_redis(settings)  # short timeouts, no retries: 503 within a second (issue 11)
         stop = threading.Event()
         threads = []
         if workers:
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             stop.set()
             for t in threads:
                 t.join(timeout=30)
+            await events.close_hub(app)  # the shared WebSocket subscription (issue 11)
             await app.state.redis.aclose()
 
     app = FastAPI(
@@ -61,8 +63,9 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         lifespan=lifespan,
     )
     app.state.settings = settings  # what the SettingsDep dependency returns
-    for module in (models, chunks, evidence, alerts, events, ops):
+    for module in (models, chunks, evidence, alerts, events, ops, streams):
         app.include_router(module.router)
+    install_unavailable(app)  # Redis errors -> 503 + Retry-After (issue 11)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(TimingMiddleware)
     return app

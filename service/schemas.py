@@ -11,6 +11,32 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case name, ^[a-z0-9][a-z0-9_.-]{0,63}$")]
 
 
+class ErrorOut(BaseModel):
+    detail: Any = Field(..., description="the reason: a message, or FastAPI's list of {loc, msg, type}")
+
+
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+#: Responses every authenticated route may return (listed in the OpenAPI document of each route).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "missing or invalid API key"},
+    503: {
+        "model": ErrorOut,
+        "description": "Redis unavailable; retry after Retry-After seconds",
+        "headers": _RETRY_AFTER,
+    },
+}
+#: Responses of routes that take a JSON body.
+BODY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "body is not valid UTF-8"},
+    413: {"model": ErrorOut, "description": "body too large (checked while reading, before parsing)"},
+    415: {"model": ErrorOut, "description": "Content-Type is not application/json"},
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "unknown model or stream"}}
+TOO_MANY: dict[int | str, dict[str, Any]] = {
+    429: {"model": ErrorOut, "description": "tenant over its quota", "headers": _RETRY_AFTER}
+}
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

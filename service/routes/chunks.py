@@ -8,19 +8,31 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
 from models import Family, ObservationError, make_family
+from service import quotas
+from service.bodies import FLOAT_MAX, parse_off_loop, pydantic_422, read_body
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
-from service.schemas import ChunkAck, ChunkIn, Name, StreamModel, StreamOut
+from service.schemas import (
+    BODY_RESPONSES,
+    ERROR_RESPONSES,
+    NOT_FOUND,
+    TOO_MANY,
+    ChunkAck,
+    ChunkIn,
+    Name,
+    StreamModel,
+    StreamOut,
+)
+from workers import screening
 from workers.config import Settings
 from workers.store import reads as store
 from workers.store import records
 from workers.store.keys import Keys
 
-router = APIRouter(prefix="/v1", tags=["chunks"])
+router = APIRouter(prefix="/v1", tags=["chunks"], responses={**ERROR_RESPONSES, **NOT_FOUND})
 
 CHUNKS_INGESTED = Counter("sgais_chunks_ingested_total", "chunks appended to stream logs")
 OBSERVATIONS_INGESTED = Counter("sgais_observations_ingested_total", "observations appended to stream logs")
@@ -39,20 +51,24 @@ def observation_422(err: ObservationError) -> HTTPException:
     )
 
 
-async def chunk_body(request: Request) -> ChunkIn:
+def _parse_chunk(text: str) -> ChunkIn:
+    try:
+        return ChunkIn.model_validate_json(text)
+    except ValidationError as err:
+        raise pydantic_422(err, "body") from None
+
+
+async def chunk_body(request: Request, settings: SettingsDep) -> ChunkIn:
     """The request body parsed and validated as :class:`ChunkIn` by pydantic's JSON parser.
 
-    FastAPI's own body handling runs ``json.loads`` first (1.6 ms for a 500 x 5 chunk on this
+    The body is checked before parsing (``service/bodies.py``: 415 not JSON, 413 over
+    ``SGAIS_MAX_BODY_BYTES`` counted while reading, 400 not UTF-8) and parsed in the thread pool when
+    large.  FastAPI's own body handling runs ``json.loads`` first (1.6 ms for a 500 x 5 chunk on this
     machine, against 0.3 ms for ``model_validate_json``: ``bench/README.md``, "Service overhead").
     Errors keep FastAPI's 422 shape, ``loc`` starting with ``"body"``.
     """
-    raw = await request.body()
-    try:
-        return ChunkIn.model_validate_json(raw)
-    except ValidationError as err:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)], body=raw
-        ) from None
+    text = await read_body(request, settings.max_body_bytes)
+    return await parse_off_loop(_parse_chunk, text)
 
 
 ChunkBody = Annotated[ChunkIn, Depends(chunk_body)]
@@ -66,10 +82,59 @@ _chunk_openapi = {
 }
 
 
-async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: str, body: ChunkIn) -> dict[str, Any]:
-    """Validate ``body`` fully with the stream's family, then append it atomically; the ack body.
+def _overflow_row(values: Any) -> int | None:
+    """First row of a JSON list (of lists) holding an integer beyond the float range."""
+    if not isinstance(values, list):
+        return None
+    for i, row in enumerate(values):
+        items = row if isinstance(row, list) else [row]
+        if any(type(v) is int and abs(v) > FLOAT_MAX for v in items):
+            return i
+    return None
 
-    Raises HTTPException 404 (no stream), 413 (too many observations), 422 (invalid values), 409 (seq).
+
+def validate_chunk(family: Family, body: ChunkIn, configs: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """The chunk validated by the stream's schema, then screened by each of the stream's models
+    (:mod:`workers.screening`: a row whose log-likelihood is not finite is refused).
+
+    Raises ObservationError naming the field, the row and the reason.
+    """
+    try:
+        x, y = family.validate(body.x, body.y)
+    except (OverflowError, TypeError, RuntimeError):
+        for field, values in (("y", body.y), ("x", body.x)):
+            row = _overflow_row(values)
+            if row is not None:
+                raise ObservationError(field, "integer beyond the float range", row=row) from None
+        raise ObservationError("y", "values could not be read as numbers") from None
+    worst: tuple[int, str] | None = None
+    for cfg in configs:
+        found = screening.first_nonfinite_row(cfg, x, y)
+        if found is not None and (worst is None or found[0] < worst[0]):
+            worst = found
+    if worst is not None:
+        raise ObservationError("y", worst[1], row=worst[0])
+    return x, y
+
+
+async def stream_configs(r, keys: Keys, tenant: str, stream: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The stream's meta hash and its models' configs (404 when the stream does not exist)."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(keys.meta(tenant, stream))
+    pipe.smembers(keys.stream_models(tenant, stream))
+    meta, names = await pipe.execute()
+    if not meta:
+        raise store.not_found("stream", stream)
+    raws = await r.mget([keys.model(tenant, m) for m in sorted(names)]) if names else []
+    return meta, [json.loads(raw) for raw in raws if raw is not None]
+
+
+async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: str, body: ChunkIn) -> dict[str, Any]:
+    """Validate ``body`` fully with the stream's family and models, then append it atomically; the ack body.
+
+    Raises HTTPException 404 (no stream), 413 (too many observations), 422 (invalid values, or values
+    whose log-likelihood is not finite under one of the stream's models), 429 (tenant's backlog over its
+    quota), 409 (seq).
     """
     n = len(body.y)
     if n > settings.max_chunk_observations:
@@ -77,27 +142,30 @@ async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: s
             status.HTTP_413_CONTENT_TOO_LARGE,
             f"y: {n} observations exceed SGAIS_MAX_CHUNK_OBSERVATIONS={settings.max_chunk_observations}",
         )
-    meta = await store.get_meta(r, keys, tenant, stream)
+    meta, configs = await stream_configs(r, keys, tenant, stream)
     family = stream_family(meta["family"], meta["params"])
     try:
         if n > _INLINE_ROWS:
-            x, y = await run_in_threadpool(family.validate, body.x, body.y)
+            x, y = await run_in_threadpool(validate_chunk, family, body, configs)
         else:
-            x, y = family.validate(body.x, body.y)
+            x, y = validate_chunk(family, body, configs)
     except ObservationError as err:
         raise observation_422(err) from None
+    await quotas.check_chunk_quota(r, keys, settings, tenant, len(configs), int(y.shape[0]))
     ack = await store.ingest(r, keys, tenant, stream, body.seq, records.encode_chunk(x, y), int(y.shape[0]))
     if not ack["duplicate"]:
         CHUNKS_INGESTED.inc()
         OBSERVATIONS_INGESTED.inc(ack["n_observations"])
+        quotas.accepted(keys, tenant, len(configs), ack["n_observations"])
     return ack
 
 
-_responses = {
-    404: {"description": "unknown stream or model"},
+_responses: dict[int | str, dict[str, Any]] = {
+    **BODY_RESPONSES,
+    **TOO_MANY,
     409: {"description": "seq gap or replay with different content"},
-    413: {"description": "body or chunk too large"},
-    422: {"description": "invalid observations"},
+    413: {"description": "body or chunk too large (the body is counted while it is read, before parsing)"},
+    422: {"description": "invalid observations (the detail names the row and the reason)"},
 }
 
 
@@ -163,7 +231,7 @@ async def get_stream(stream: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep
         pipe.hmget(keys.checkpoint(tenant, m), ["chunks", "observations"])
     models = [
         StreamModel(name=m, chunks_processed=int(c or 0), observations_processed=int(o or 0))
-        for m, (c, o) in zip(names, await pipe.execute())
+        for m, (c, o) in zip(names, await pipe.execute(), strict=True)
     ]
     return {
         "name": stream,
