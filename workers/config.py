@@ -55,13 +55,13 @@ class Settings(BaseSettings):
         "history reservoir) exceeds this are 422 at creation (workers/admission.py)",
     )
     admission_max_block_seconds: float = Field(
-        60.0,
+        120.0,
         gt=0,
         description="models whose estimated time per block (one annealing step of burn_in SGHMC steps, "
         "at admission_flops_per_second) exceeds this are 422 at creation",
     )
     admission_flops_per_second: float = Field(
-        2e8,
+        1e8,
         gt=0,
         description="throughput assumed by the time estimate (likelihood + gradient element operations "
         "per second of one worker; bench/admission.py measures it)",

@@ -117,16 +117,25 @@ def validate_chunk(family: Family, body: ChunkIn, configs: list[dict[str, Any]])
     return x, y
 
 
-async def stream_configs(r, keys: Keys, tenant: str, stream: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """The stream's meta hash and its models' configs (404 when the stream does not exist)."""
+async def stream_configs(r, keys: Keys, tenant: str, stream: str) -> tuple[dict[str, str], list[dict[str, Any]], int]:
+    """The stream's meta hash, its models' configs and how many of them are not in ``error`` (404 when
+    the stream does not exist)."""
     pipe = r.pipeline(transaction=False)
     pipe.hgetall(keys.meta(tenant, stream))
     pipe.smembers(keys.stream_models(tenant, stream))
     meta, names = await pipe.execute()
     if not meta:
         raise store.not_found("stream", stream)
-    raws = await r.mget([keys.model(tenant, m) for m in sorted(names)]) if names else []
-    return meta, [json.loads(raw) for raw in raws if raw is not None]
+    names = sorted(names)
+    if not names:
+        return meta, [], 0
+    pipe = r.pipeline(transaction=False)
+    pipe.mget([keys.model(tenant, m) for m in names])
+    for m in names:
+        pipe.hget(keys.checkpoint(tenant, m), "status")
+    raws, *statuses = await pipe.execute()
+    active = sum(1 for raw, st in zip(raws, statuses, strict=True) if raw is not None and st != "error")
+    return meta, [json.loads(raw) for raw in raws if raw is not None], active
 
 
 async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: str, body: ChunkIn) -> dict[str, Any]:
@@ -142,7 +151,7 @@ async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: s
             status.HTTP_413_CONTENT_TOO_LARGE,
             f"y: {n} observations exceed SGAIS_MAX_CHUNK_OBSERVATIONS={settings.max_chunk_observations}",
         )
-    meta, configs = await stream_configs(r, keys, tenant, stream)
+    meta, configs, active = await stream_configs(r, keys, tenant, stream)
     family = stream_family(meta["family"], meta["params"])
     try:
         if n > _INLINE_ROWS:
@@ -151,12 +160,12 @@ async def accept_chunk(r, keys: Keys, settings: Settings, tenant: str, stream: s
             x, y = validate_chunk(family, body, configs)
     except ObservationError as err:
         raise observation_422(err) from None
-    await quotas.check_chunk_quota(r, keys, settings, tenant, len(configs), int(y.shape[0]))
+    await quotas.check_chunk_quota(r, keys, settings, tenant, active, int(y.shape[0]))
     ack = await store.ingest(r, keys, tenant, stream, body.seq, records.encode_chunk(x, y), int(y.shape[0]))
     if not ack["duplicate"]:
         CHUNKS_INGESTED.inc()
         OBSERVATIONS_INGESTED.inc(ack["n_observations"])
-        quotas.accepted(keys, tenant, len(configs), ack["n_observations"])
+        quotas.accepted(keys, tenant, active, ack["n_observations"])
     return ack
 
 
