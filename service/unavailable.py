@@ -16,10 +16,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.routing import Match
 
+from service.schemas import ERROR_RESPONSES, NOT_FOUND
 from workers.config import Settings
 
 RETRY_AFTER_SECONDS = 1
+#: Error responses of the routers whose modules do not list them (added by ``include_router``).
+OPENAPI_ERRORS = {"evidence": {**ERROR_RESPONSES, **NOT_FOUND}, "alerts": ERROR_RESPONSES}
 
 
 def api_redis(settings: Settings) -> aioredis.Redis:
@@ -52,3 +56,36 @@ def install(app: FastAPI) -> None:
     and timeouts raised by any route."""
     app.add_exception_handler(RedisConnectionError, _redis_unavailable)
     app.add_exception_handler(RedisTimeoutError, _redis_unavailable)
+
+
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+class AllowHeaderMiddleware:
+    """A ``405`` lists every method the path accepts in ``Allow`` (Starlette lists those of the first
+    route matching the path only: ``GET /v1/models`` and ``POST /v1/models`` are two routes)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                routes = scope["app"].router.routes
+                methods = {
+                    m
+                    for m in _METHODS
+                    if any(route.matches({**scope, "method": m})[0] == Match.FULL for route in routes)
+                }
+                if "GET" in methods:
+                    methods.add("HEAD")
+                if methods:
+                    headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+                    headers.append((b"allow", ", ".join(sorted(methods)).encode()))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)

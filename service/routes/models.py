@@ -13,7 +13,7 @@ from models import FAMILIES, UnknownFamilyError, make_family
 from service import quotas
 from service.bodies import loads_strict, pydantic_422, read_body
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
-from service.schemas import ERROR_RESPONSES, ModelCreate, ModelList, ModelOut, Name
+from service.schemas import BODY_RESPONSES, ERROR_RESPONSES, NOT_FOUND, TOO_MANY, ModelCreate, ModelList, ModelOut, Name
 from workers import admission
 from workers.alerts import AlertSettings
 from workers.settings import SamplerSettings
@@ -53,9 +53,10 @@ def validation_422(err: ValidationError, *loc: str) -> HTTPException:
     response_model=ModelOut,
     status_code=201,
     responses={
+        **BODY_RESPONSES,
+        **TOO_MANY,
         409: {"description": "name taken"},
         422: {"description": "invalid config, schema mismatch, or a model the service cannot run (admission)"},
-        429: {"description": "tenant over its quota of models or pending observations"},
     },
     openapi_extra=_model_openapi,
 )
@@ -120,13 +121,13 @@ async def list_models(r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str
     return {"items": [json.loads(raw) for raw in raws if raw is not None]}
 
 
-@router.get("/{model}", response_model=ModelOut)
+@router.get("/{model}", response_model=ModelOut, responses=NOT_FOUND)
 async def get_model(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
     """One model."""
     return await store.get_model(r, keys, tenant, model)
 
 
-@router.delete("/{model}", status_code=204, response_class=Response, response_model=None)
+@router.delete("/{model}", status_code=204, response_class=Response, response_model=None, responses=NOT_FOUND)
 async def delete_model(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> Response:
     """Delete a model: state, trace and alerts removed; the stream stays."""
     cfg = await store.get_model(r, keys, tenant, model)
