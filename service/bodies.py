@@ -7,10 +7,10 @@ Every JSON body of the API goes through :func:`read_json_body`, in this order, e
    ``Content-Length`` over the limit is refused before reading anything).
 3. It must decode as UTF-8 (RFC 8259 §8.1): otherwise ``400``.
 
-Parsing then happens on the event loop for small bodies and in the thread pool for bodies over
-:data:`LARGE_BODY_BYTES` (a 46 MB chunk took 10 s to parse and stalled every request of every tenant:
-hardening review F7), with at most :data:`LARGE_PARSES` of them parsed at once (a parsed number costs
-~30 bytes of Python objects, so two 61 MB bodies raised the API's memory by 1.4 GB).
+Chunk bodies over :data:`LARGE_BODY_BYTES` are then parsed in a separate process
+(``service/routes/chunks.py``: a 46 MB chunk took 10 s to parse and stalled every request of every tenant,
+hardening review F7; a thread does not help, the parsers hold the GIL), one at a time (a parsed number
+costs ~30 bytes of Python objects: two 61 MB bodies raised the API's memory by 1.4 GB).
 
 :func:`loads_strict` is the parser of small configuration bodies (``POST /v1/models``): ``NaN``,
 ``Infinity`` and integers beyond float range are ``422`` wherever they occur.
@@ -19,20 +19,14 @@ hardening review F7), with at most :data:`LARGE_PARSES` of them parsed at once (
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 LARGE_BODY_BYTES = 1 << 20
-LARGE_PARSES = 2
-_large_parses = threading.BoundedSemaphore(LARGE_PARSES)  # taken inside the pool thread, never on the loop
 FLOAT_MAX = 1.7976931348623157e308
-
-T = TypeVar("T")
 
 
 def _error(code: int, msg: str, type_: str, loc: tuple[Any, ...] = ("body",)) -> HTTPException:
@@ -120,15 +114,3 @@ def pydantic_422(err: ValidationError, *loc: Any) -> HTTPException:
     bytes, NaN or a 5 MB string: echoing it made some 422s into 500s, review F8)."""
     detail = [{"loc": [*loc, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in err.errors(include_url=False)]
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
-
-
-def _guarded(parse: Callable[[str], T], text: str) -> T:
-    with _large_parses:
-        return parse(text)
-
-
-async def parse_off_loop(parse: Callable[[str], T], text: str) -> T:
-    """``parse(text)`` on the loop when small, else in the thread pool (at most LARGE_PARSES at once)."""
-    if len(text) <= LARGE_BODY_BYTES:
-        return parse(text)
-    return await run_in_threadpool(_guarded, parse, text)
