@@ -66,10 +66,22 @@ class Stack:
 
     def start_redis(self) -> None:
         self.procs["redis"] = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(self.tmp),
-             "--appendonly", "yes", "--save", ""],
-            stdout=open(self.tmp / "redis.log", "a"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                "redis-server",
+                "--port",
+                str(self.redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.tmp),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+            ],
+            stdout=open(self.tmp / "redis.log", "a"),
+            stderr=subprocess.STDOUT,
+        )
         wait_until(lambda: self._ping(), timeout=30)
 
     def _ping(self) -> bool:
@@ -81,14 +93,31 @@ class Stack:
     def start(self) -> None:
         self.start_redis()
         self.procs["api"] = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "service.app:app_from_env", "--host", "127.0.0.1",
-             "--port", str(self.api_port), "--log-level", "warning"],
-            env=self.env, cwd=ROOT, stdout=open(self.tmp / "api.log", "w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "service.app:app_from_env",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.api_port),
+                "--log-level",
+                "warning",
+            ],
+            env=self.env,
+            cwd=ROOT,
+            stdout=open(self.tmp / "api.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
         self.procs["worker"] = subprocess.Popen(
             [sys.executable, "-m", "workers.runner"],
-            env=self.env, cwd=ROOT, stdout=open(self.tmp / "worker.log", "w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            env=self.env,
+            cwd=ROOT,
+            stdout=open(self.tmp / "worker.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
         wait_until(lambda: self._up(), timeout=60, interval=0.2)
 
     def _up(self) -> bool:
@@ -153,13 +182,33 @@ def probe(s: Stack) -> None:
 
 def test_unrunnable_models_are_refused(stack):
     """F1: sampler.device cuda on a CPU host, a gmm of dim 1000 x 1000 components: 422 naming the field."""
-    res = stack.request("POST", "/v1/models", headers=B, json={"name": "gpu", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"device": "cuda"}})  # fmt: skip
+    res = stack.request(
+        "POST",
+        "/v1/models",
+        headers=B,
+        json={"name": "gpu", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"device": "cuda"}},
+    )
     assert res.status_code == (201 if _has_cuda() else 422)
     if res.status_code == 422:
         assert res.json()["detail"][0]["loc"] == ["body", "sampler", "device"]
-    res = stack.request("POST", "/v1/models", headers=B, json={"name": "huge", "family": "gmm", "params": {"dim": 1000, "components": 1000}})  # fmt: skip
+    res = stack.request(
+        "POST",
+        "/v1/models",
+        headers=B,
+        json={"name": "huge", "family": "gmm", "params": {"dim": 1000, "components": 1000}},
+    )
     assert res.status_code == 422 and res.json()["detail"][0]["loc"] == ["body", "params"]
-    res = stack.request("POST", "/v1/models", headers=B, json={"name": "slow", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"burn_in": 10000, "particles": 1000, "warmup_particles": 1000}})  # fmt: skip
+    res = stack.request(
+        "POST",
+        "/v1/models",
+        headers=B,
+        json={
+            "name": "slow",
+            "family": "gmm",
+            "params": {"dim": 1, "components": 1},
+            "sampler": {"burn_in": 10000, "particles": 1000, "warmup_particles": 1000},
+        },
+    )
     assert res.status_code == 422 and "burn_in" in res.json()["detail"][0]["loc"]
     probe(stack)
 
@@ -216,7 +265,12 @@ def test_delete_stream_while_the_worker_holds_its_models(stack):
 
 def test_hostile_bodies_are_4xx(stack):
     """F8, F12: non-UTF-8, NaN/Infinity, integers beyond float range, text/plain, lax types."""
-    assert stack.request("POST", "/v1/models", headers=B, json={"name": "hb", "family": "gmm", "params": {"dim": 1, "components": 1}}).status_code == 201  # fmt: skip
+    assert (
+        stack.request(
+            "POST", "/v1/models", headers=B, json={"name": "hb", "family": "gmm", "params": {"dim": 1, "components": 1}}
+        ).status_code
+        == 201
+    )
     huge = "1" + "0" * 400
     J = {**B, "content-type": "application/json"}
     cases = [
@@ -242,7 +296,13 @@ def test_large_body_does_not_stall_the_loop(stack):
 
     def post():
         t0 = time.monotonic()
-        res = stack.request("POST", "/v1/streams/probe/chunks", content=big, headers={**A, "content-type": "application/json"}, timeout=300)  # fmt: skip
+        res = stack.request(
+            "POST",
+            "/v1/streams/probe/chunks",
+            content=big,
+            headers={**A, "content-type": "application/json"},
+            timeout=300,
+        )
         done["status"], done["seconds"] = res.status_code, time.monotonic() - t0
 
     t = threading.Thread(target=post)
@@ -261,7 +321,9 @@ def test_large_body_does_not_stall_the_loop(stack):
         for _ in range(20):
             yield b"0.1," * 250_000  # 1 MB each
 
-    res = stack.request("POST", "/v1/streams/probe/chunks", content=parts(), headers={**A, "content-type": "application/json"})  # fmt: skip
+    res = stack.request(
+        "POST", "/v1/streams/probe/chunks", content=parts(), headers={**A, "content-type": "application/json"}
+    )
     assert res.status_code == 413
     probe(stack)
 
@@ -275,7 +337,7 @@ def test_model_quota(stack):
             "/v1/models",
             headers=B,
             json={"name": f"q{i}", "stream": "qs", "family": "gmm", "params": {"dim": 1, "components": 1}},
-        ).status_code  # fmt: skip
+        ).status_code
         for i in range(26 - have)
     ]
     assert codes[:-1] == [201] * (25 - have) and codes[-1] == 429
@@ -289,14 +351,19 @@ async def _open_sockets(url: str, n: int, stream: str, key: str):
     return [
         await websockets.connect(
             f"{url}/v1/streams/{stream}/events", additional_headers={"Authorization": f"Bearer {key}"}
-        )  # fmt: skip
+        )
         for _ in range(n)
     ]
 
 
 def test_idle_websockets_hold_no_redis_connection(stack):
     """F2: 200 idle sockets of one tenant; every other tenant's HTTP requests still work."""
-    assert stack.request("POST", "/v1/models", headers=B, json={"name": "ws", "family": "gmm", "params": {"dim": 1, "components": 1}}).status_code == 201  # fmt: skip
+    assert (
+        stack.request(
+            "POST", "/v1/models", headers=B, json={"name": "ws", "family": "gmm", "params": {"dim": 1, "components": 1}}
+        ).status_code
+        == 201
+    )
     r = redis.Redis.from_url(stack.redis_url)
     before = len(r.client_list())
 
@@ -320,7 +387,12 @@ def test_slow_reader_gets_a_gap(stack):
     that keeps up on the same stream gets every event."""
     import websockets
 
-    assert stack.request("POST", "/v1/models", headers=B, json={"name": "sr", "family": "gmm", "params": {"dim": 1, "components": 1}}).status_code == 201  # fmt: skip
+    assert (
+        stack.request(
+            "POST", "/v1/models", headers=B, json={"name": "sr", "family": "gmm", "params": {"dim": 1, "components": 1}}
+        ).status_code
+        == 201
+    )
     channel = f"{stack.env['SGAIS_KEY_PREFIX']}:beta:events:sr"
     r = redis.Redis.from_url(stack.redis_url)
     pad = "x" * 2000
@@ -332,15 +404,32 @@ def test_slow_reader_gets_a_gap(stack):
         fast = await websockets.connect(ws, additional_headers=B)
         got_fast: list[dict] = []
 
-        async def read_fast():
-            while len(got_fast) < n:
-                got_fast.append(json.loads(await fast.recv()))
+        async def read_fast():  # until the last event, or 20 s of silence
+            while True:
+                try:
+                    event = json.loads(await asyncio.wait_for(fast.recv(), 20))
+                except TimeoutError:
+                    return
+                got_fast.append(event)
+                if event.get("last_block", {}).get("first_index") == n - 1:
+                    return
+
+        def publish():
+            pipe = r.pipeline(transaction=False)
+            for i in range(n):  # synthetic evidence events of model "sr", 2 KB each (12 MB in all)
+                event = {
+                    "type": "evidence",
+                    "model": "sr",
+                    "observations": i + 1,
+                    "last_block": {"first_index": i},
+                    "pad": pad,
+                }
+                pipe.publish(channel, json.dumps(event))
+            pipe.execute()
 
         reader = asyncio.create_task(read_fast())
-        for i in range(n):  # synthetic evidence events of model "sr", 2 KB each (12 MB in all)
-            event = {"type": "evidence", "model": "sr", "observations": i + 1, "last_block": {"first_index": i}, "pad": pad}  # fmt: skip
-            await asyncio.to_thread(r.publish, channel, json.dumps(event))
-        await asyncio.wait_for(reader, 120)
+        await asyncio.to_thread(publish)
+        await asyncio.wait_for(reader, 300)
         got_slow = []
         while True:
             try:
@@ -372,8 +461,14 @@ def test_redis_frozen_and_down_is_503(stack):
     stack.allowed_503 = True
     try:
         os.kill(rp.pid, signal.SIGSTOP)
-        for method, path in [("GET", "/v1/models"), ("GET", "/v1/models/probe/evidence"), ("GET", "/v1/alerts"),
-                             ("POST", "/v1/streams/probe/chunks"), ("DELETE", "/v1/streams/zz"), ("GET", "/readyz")]:  # fmt: skip
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("GET", "/v1/models/probe/evidence"),
+            ("GET", "/v1/alerts"),
+            ("POST", "/v1/streams/probe/chunks"),
+            ("DELETE", "/v1/streams/zz"),
+            ("GET", "/readyz"),
+        ]:
             t0 = time.monotonic()
             kw = {"json": {"x": [[1, 2]], "y": [1.0]}} if method == "POST" else {}
             res = stack.request(method, path, headers=A, **kw)

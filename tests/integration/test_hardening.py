@@ -33,21 +33,92 @@ STREAMS = {  # stream -> (model body, a good chunk)
 
 # (id, path, raw body, headers, status, text the detail must contain)
 CASES = [
-    ("text-plain-chunk", "/v1/streams/s/chunks", '{"x": [[1, 2]], "y": [1]}', {"content-type": "text/plain"}, 415, "json"),
+    (
+        "text-plain-chunk",
+        "/v1/streams/s/chunks",
+        '{"x": [[1, 2]], "y": [1]}',
+        {"content-type": "text/plain"},
+        415,
+        "json",
+    ),
     ("no-content-type", "/v1/streams/s/chunks", '{"x": [[1, 2]], "y": [1]}', {}, 415, "json"),
-    ("text-plain-model", "/v1/models", json.dumps({"name": "m2", **SMALL_MODEL}), {"content-type": "text/plain"}, 415, ""),
+    (
+        "text-plain-model",
+        "/v1/models",
+        json.dumps({"name": "m2", **SMALL_MODEL}),
+        {"content-type": "text/plain"},
+        415,
+        "",
+    ),
     ("non-utf8-chunk", "/v1/streams/s/chunks", b'{"y":[1.0], "\xff": 1}', J, 400, "utf-8"),
     ("utf16-chunk", "/v1/streams/s/chunks", '{"x": [[1, 2]], "y": [1]}'.encode("utf-16"), J, 400, "utf-8"),
     ("non-utf8-model", "/v1/models", b'{"name": "\xfe\xff", "family": "gmm"}', J, 400, "utf-8"),
     ("nan-model-body", "/v1/models", "NaN", J, 422, "nan"),
-    ("infinity-prior", "/v1/models", '{"name": "q", "family": "gmm", "prior_probability": Infinity}', J, 422, "infinity"),
-    ("nan-in-params", "/v1/models", '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1, "variance_scale": NaN}}', J, 422, "nan"),
-    ("infinity-alert", "/v1/models", '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, "alerts": {"drop_threshold": -Infinity}}', J, 422, "infinity"),
-    ("huge-int-param", "/v1/models", '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1, "variance_scale": ' + HUGE + "}}", J, 422, "float range"),
-    ("dim-string", "/v1/models", '{"name": "q", "family": "gmm", "params": {"dim": "2", "components": 1}}', J, 422, "dim"),
-    ("dim-bool", "/v1/models", '{"name": "q", "family": "gmm", "params": {"dim": true, "components": 1}}', J, 422, "dim"),
-    ("particles-string", "/v1/models", '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"particles": "20"}}', J, 422, "particles"),
-    ("deep-nesting", "/v1/models", '{"name": "q", "family": "gmm", "params": ' + "[" * 100000 + "]" * 100000 + "}", J, 422, "json"),
+    (
+        "infinity-prior",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "prior_probability": Infinity}',
+        J,
+        422,
+        "infinity",
+    ),
+    (
+        "nan-in-params",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1, "variance_scale": NaN}}',
+        J,
+        422,
+        "nan",
+    ),
+    (
+        "infinity-alert",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, '
+        '"alerts": {"drop_threshold": -Infinity}}',
+        J,
+        422,
+        "infinity",
+    ),
+    (
+        "huge-int-param",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1, "variance_scale": ' + HUGE + "}}",
+        J,
+        422,
+        "float range",
+    ),
+    (
+        "dim-string",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "params": {"dim": "2", "components": 1}}',
+        J,
+        422,
+        "dim",
+    ),
+    (
+        "dim-bool",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "params": {"dim": true, "components": 1}}',
+        J,
+        422,
+        "dim",
+    ),
+    (
+        "particles-string",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"particles": "20"}}',
+        J,
+        422,
+        "particles",
+    ),
+    (
+        "deep-nesting",
+        "/v1/models",
+        '{"name": "q", "family": "gmm", "params": ' + "[" * 100000 + "]" * 100000 + "}",
+        J,
+        422,
+        "json",
+    ),
     ("invalid-json-model", "/v1/models", '{"name": "q",', J, 422, "json"),
     ("huge-int-y-linreg", "/v1/streams/s/chunks", '{"x": [[1, 2], [1, 2]], "y": [1, ' + HUGE + "]}", J, 422, "y[1]"),
     ("huge-int-x-linreg", "/v1/streams/s/chunks", '{"x": [[1, 2], [1, ' + HUGE + ']], "y": [1, 2]}', J, 422, "x[1]"),
@@ -60,14 +131,86 @@ CASES = [
     ("poison-1e200-vector", "/v1/streams/v/chunks", '{"y": [[0.1, 0.2], [0.3, 1e200]]}', J, 422, "y[1]"),
     ("poison-1e155-ar", "/v1/streams/ar/chunks", '{"y": [0.1, 0.2, 0.3, 1e155]}', J, 422, "y[3]"),
     ("poison-x-linreg", "/v1/streams/s/chunks", '{"x": [[1, 2], [1e300, 1e300]], "y": [1, 2]}', J, 422, "[1]"),
-    ("admission-cuda", "/v1/models", json.dumps({"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"device": "cuda"}}), J, 422, "device"),
-    ("admission-huge-gmm", "/v1/models", json.dumps({"name": "q", "family": "gmm", "params": {"dim": 1000, "components": 1000}}), J, 422, '"params"'),
-    ("admission-huge-logistic", "/v1/models", json.dumps({"name": "q", "family": "logistic_regression", "params": {"features": 10000, "classes": 10000}}), J, 422, '"params"'),
-    ("admission-huge-bnn", "/v1/models", json.dumps({"name": "q", "family": "bnn", "params": {"features": 10, "hidden": [100000] * 16}}), J, 422, '"params"'),
-    ("admission-history", "/v1/models", json.dumps({"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"history_capacity": 10**12}}), J, 422, "history_capacity"),
-    ("admission-particles", "/v1/models", json.dumps({"name": "q", "family": "gmm", "params": {"dim": 10, "components": 10}, "sampler": {"particles": 100000, "warmup_particles": 1000000}}), J, 422, "particles"),
-    ("admission-burn-in", "/v1/models", json.dumps({"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"burn_in": 10000, "particles": 1000, "warmup_particles": 1000}}), J, 422, "burn_in"),
-]  # fmt: skip
+    (
+        "admission-cuda",
+        "/v1/models",
+        json.dumps(
+            {"name": "q", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"device": "cuda"}}
+        ),
+        J,
+        422,
+        "device",
+    ),
+    (
+        "admission-huge-gmm",
+        "/v1/models",
+        json.dumps({"name": "q", "family": "gmm", "params": {"dim": 1000, "components": 1000}}),
+        J,
+        422,
+        '"params"',
+    ),
+    (
+        "admission-huge-logistic",
+        "/v1/models",
+        json.dumps({"name": "q", "family": "logistic_regression", "params": {"features": 10000, "classes": 10000}}),
+        J,
+        422,
+        '"params"',
+    ),
+    (
+        "admission-huge-bnn",
+        "/v1/models",
+        json.dumps({"name": "q", "family": "bnn", "params": {"features": 10, "hidden": [100000] * 16}}),
+        J,
+        422,
+        '"params"',
+    ),
+    (
+        "admission-history",
+        "/v1/models",
+        json.dumps(
+            {
+                "name": "q",
+                "family": "gmm",
+                "params": {"dim": 1, "components": 1},
+                "sampler": {"history_capacity": 10**12},
+            }
+        ),
+        J,
+        422,
+        "history_capacity",
+    ),
+    (
+        "admission-particles",
+        "/v1/models",
+        json.dumps(
+            {
+                "name": "q",
+                "family": "gmm",
+                "params": {"dim": 10, "components": 10},
+                "sampler": {"particles": 100000, "warmup_particles": 1000000},
+            }
+        ),
+        J,
+        422,
+        "particles",
+    ),
+    (
+        "admission-burn-in",
+        "/v1/models",
+        json.dumps(
+            {
+                "name": "q",
+                "family": "gmm",
+                "params": {"dim": 1, "components": 1},
+                "sampler": {"burn_in": 10000, "particles": 1000, "warmup_particles": 1000},
+            }
+        ),
+        J,
+        422,
+        "burn_in",
+    ),
+]
 
 
 def dump(r: redis.Redis, prefix: str) -> dict[bytes, bytes]:
@@ -102,7 +245,12 @@ def test_poisoned_chunk_names_the_row_and_the_model(hardened):
     (err,) = res.json()["detail"]
     assert err["loc"] == ["body", "y", 2] and "g1" in err["msg"] and "log-likelihood" in err["msg"]
     # the screen uses every model of the stream: a second family on the same stream is consulted too
-    assert hardened.post("/v1/models", json={"name": "g2", "stream": "g", "family": "autoregressive", "params": {"order": 1}}).status_code == 201  # fmt: skip
+    assert (
+        hardened.post(
+            "/v1/models", json={"name": "g2", "stream": "g", "family": "autoregressive", "params": {"order": 1}}
+        ).status_code
+        == 201
+    )
     assert hardened.post("/v1/streams/g/chunks", json={"y": [0.5, -1.5, 3.0]}).status_code == 202
 
 
@@ -134,7 +282,7 @@ def test_admission_accepts_the_thesis_models(settings):
                 "family": "gmm",
                 "params": {"dim": 2, "components": 7},
                 "sampler": {"particles": 100, "warmup_particles": 200},
-            },  # fmt: skip
+            },
             {"name": "lr", "family": "logistic_regression", "params": {"features": 20, "classes": 4}},
             {"name": "nn", "family": "bnn", "params": {"features": 5, "hidden": [16], "outputs": 1}},
         ]
@@ -182,8 +330,13 @@ def test_delete_stream(settings):
     with TestClient(create_app(s, workers=0)) as c:
         for h in (A, B):
             for name in ("m1", "m2"):
-                assert c.post("/v1/models", json={"name": name, "stream": "s", **SMALL_MODEL}, headers=h).status_code == 201  # fmt: skip
-            assert c.post("/v1/models", json={"name": "other", "stream": "t", **SMALL_MODEL}, headers=h).status_code == 201  # fmt: skip
+                assert (
+                    c.post("/v1/models", json={"name": name, "stream": "s", **SMALL_MODEL}, headers=h).status_code
+                    == 201
+                )
+            assert (
+                c.post("/v1/models", json={"name": "other", "stream": "t", **SMALL_MODEL}, headers=h).status_code == 201
+            )
             assert c.post("/v1/streams/s/chunks", json={"x": [[1, 2]], "y": [1]}, headers=h).status_code == 202
         p = s.key_prefix
         for m in ("m1", "m2"):  # what a worker would have written
@@ -196,7 +349,13 @@ def test_delete_stream(settings):
 
         assert c.delete("/v1/streams/s", headers=A).status_code == 204
         left = sorted(k.decode() for k in r.scan_iter(match=f"{p}:alpha:*"))
-        assert left == [f"{p}:alpha:alerts", f"{p}:alpha:model:other", f"{p}:alpha:models", f"{p}:alpha:stream:t:meta", f"{p}:alpha:stream:t:models"]  # fmt: skip
+        assert left == [
+            f"{p}:alpha:alerts",
+            f"{p}:alpha:model:other",
+            f"{p}:alpha:models",
+            f"{p}:alpha:stream:t:meta",
+            f"{p}:alpha:stream:t:models",
+        ]
         assert [json.loads(a)["stream"] for a in r.zrange(f"{p}:alpha:alerts", 0, -1)] == ["t"]
         assert sorted(r.smembers(f"{p}:models")) == [b"alpha/other", b"beta/m1", b"beta/m2", b"beta/other"]
         assert {k: r.dump(k) for k in r.scan_iter(match=f"{p}:beta:*")} == beta_before  # tenant-scoped
@@ -223,7 +382,9 @@ def test_websocket_binary_frame_is_an_error_not_a_drop(hardened):
 
 
 def _evidence(model: str, first: int, n: int = 10) -> str:
-    return json.dumps({"type": "evidence", "model": model, "observations": first + n, "last_block": {"first_index": first}})  # fmt: skip
+    return json.dumps(
+        {"type": "evidence", "model": model, "observations": first + n, "last_block": {"first_index": first}}
+    )
 
 
 def test_subscriber_overflow_becomes_gaps():
@@ -238,7 +399,7 @@ def test_subscriber_overflow_becomes_gaps():
             [
                 json.dumps({"type": "gap", "model": "a", "since_index": 0}),
                 json.dumps({"type": "gap", "model": "b", "since_index": 0}),
-            ]  # fmt: skip
+            ]
         )
         assert json.loads((await sub.next_texts())[0])["last_block"]["first_index"] == 30
         assert sub.queue.empty() and sub.dropped == 4
