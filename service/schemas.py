@@ -98,6 +98,12 @@ class ChunkIn(_Request):
     )
 
 
+class SocketChunkIn(ChunkIn):
+    """A chunk sent over the events WebSocket: ``{"type": "chunk", ...chunk body}``."""
+
+    type: Literal["chunk"]
+
+
 class ChunkAck(BaseModel):
     stream: str
     seq: int

@@ -27,6 +27,7 @@ from service.schemas import (
     ChunkAck,
     ChunkIn,
     Name,
+    SocketChunkIn,
     StreamModel,
     StreamOut,
 )
@@ -55,9 +56,9 @@ def observation_422(err: ObservationError) -> HTTPException:
     )
 
 
-def _parse_chunk(text: str) -> ChunkIn:
+def _parse_chunk(text: str, model: type[ChunkIn] = ChunkIn) -> ChunkIn:
     try:
-        return ChunkIn.model_validate_json(text)
+        return model.model_validate_json(text)
     except ValidationError as err:
         raise pydantic_422(err, "body") from None
 
@@ -184,15 +185,21 @@ async def store_chunk(
 
 
 def validate_encoded(
-    text: str, family: str, params_json: str, configs: list[dict[str, Any]], max_observations: int
+    text: str,
+    family: str,
+    params_json: str,
+    configs: list[dict[str, Any]],
+    max_observations: int,
+    socket: bool = False,
 ) -> tuple[Any, ...]:
     """Parse, validate, screen and encode a large chunk body, in a worker process (:data:`_pool`).
 
     Returns ``("ok", seq, encoded chunk)`` or ``("error", status, detail)``: only bytes and small objects
-    travel back, never the millions of Python floats the parse creates.
+    travel back, never the millions of Python floats the parse creates.  ``socket``: the text is a
+    WebSocket message ``{"type": "chunk", ...}``.
     """
     try:
-        body = _parse_chunk(text)
+        body = _parse_chunk(text, SocketChunkIn if socket else ChunkIn)
         if len(body.y) > max_observations:
             raise HTTPException(
                 status.HTTP_413_CONTENT_TOO_LARGE,
@@ -223,18 +230,21 @@ async def _in_process(fn, *args):
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, "request body too large to parse") from None
 
 
-async def accept_chunk_text(r, keys: Keys, settings: Settings, tenant: str, stream: str, text: str) -> dict[str, Any]:
-    """:func:`accept_chunk` for a body still in JSON text.
+async def accept_chunk_text(
+    r, keys: Keys, settings: Settings, tenant: str, stream: str, text: str, socket: bool = False
+) -> dict[str, Any]:
+    """:func:`accept_chunk` for a body still in JSON text (``socket``: a WebSocket chunk message).
 
     Parsing is CPU work that holds the GIL (pydantic-core and ``json.loads`` alike: a 12 MB body stalled
     the event loop 2.4 s even from a thread), so bodies over ``LARGE_BODY_BYTES`` (1 MiB) are parsed,
     validated, screened and encoded in a separate process and the event loop keeps serving.
     """
     if len(text) <= LARGE_BODY_BYTES:
-        return await accept_chunk(r, keys, settings, tenant, stream, _parse_chunk(text))
+        body = _parse_chunk(text, SocketChunkIn if socket else ChunkIn)
+        return await accept_chunk(r, keys, settings, tenant, stream, ChunkIn(x=body.x, y=body.y, seq=body.seq))
     meta, configs, active = await stream_configs(r, keys, tenant, stream)
     outcome = await _in_process(
-        validate_encoded, text, meta["family"], meta["params"], configs, settings.max_chunk_observations
+        validate_encoded, text, meta["family"], meta["params"], configs, settings.max_chunk_observations, socket
     )
     if outcome[0] == "error":
         raise HTTPException(outcome[1], outcome[2])

@@ -17,9 +17,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from service.bodies import LARGE_BODY_BYTES
 from service.deps import SettingsDep, websocket_tenant
 from service.events_hub import EventHub, Subscriber
-from service.routes.chunks import accept_chunk
+from service.routes.chunks import accept_chunk, accept_chunk_text
 from service.schemas import NAME_PATTERN, ChunkIn
 from service.unavailable import unavailable_response
 from workers.store.keys import Keys
@@ -49,7 +50,15 @@ def _error(status: int, detail) -> str:
 
 
 async def _reply(text: str, r, keys: Keys, settings, tenant: str, stream: str) -> str:
-    """The reply to one text message: an ack, or an error with its HTTP status."""
+    """The reply to one text message: an ack, or an error with its HTTP status.  Messages over 1 MiB are
+    parsed off the event loop, in the chunk-parsing process (:func:`accept_chunk_text`)."""
+    if len(text) > LARGE_BODY_BYTES:
+        try:
+            return json.dumps({"type": "ack", **await accept_chunk_text(r, keys, settings, tenant, stream, text, True)})
+        except HTTPException as err:
+            return _error(err.status_code, err.detail)
+        except (RedisError, OSError):
+            return _error(503, "storage unavailable, retry later")
     try:
         data = json.loads(text)
     except ValueError:

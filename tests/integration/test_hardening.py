@@ -452,3 +452,23 @@ def test_screening_is_deterministic_and_passes_ordinary_data():
     small = torch.tensor([[0.5], [1e30]], dtype=torch.float64)  # (1e30)² overflows float32 only
     assert screening.first_nonfinite_row(cfg, None, small) is None
     assert screening.first_nonfinite_row(f32, None, small)[0] == 1
+
+
+def test_large_bodies_are_parsed_in_the_parsing_process(hardened, settings):
+    """Bodies over 1 MiB take the out-of-process path: same acks, same 422s (with the row), over HTTP and
+    over the WebSocket."""
+    rows = 60_000  # ~1.1 MB of JSON
+    x = [[0.25, -1.5]] * rows
+    body = json.dumps({"seq": 2, "x": x, "y": [0.5] * rows})
+    assert len(body) > 2**20
+    res = hardened.post("/v1/streams/s/chunks", content=body, headers=J)
+    assert res.status_code == 202 and res.json()["n_observations"] == rows, res.text
+    poisoned = json.dumps({"x": x, "y": [0.5] * (rows - 1) + [1e300]})
+    res = hardened.post("/v1/streams/s/chunks", content=poisoned, headers=J)
+    assert res.status_code == 422 and res.json()["detail"][0]["loc"][:2] == ["body", "y"]
+    assert "log-likelihood" in res.json()["detail"][0]["msg"]
+    with hardened.websocket_connect("/v1/streams/s/events") as ws:
+        ws.send_text(json.dumps({"type": "chunk", "seq": 3, "x": x, "y": [1.5] * rows}))
+        msg = ws.receive_json()
+        assert msg["type"] == "ack" and msg["seq"] == 3 and msg["first_index"] == 1 + rows, msg
+    assert hardened.get("/v1/streams/s").json()["observations"] == 1 + 2 * rows
