@@ -83,7 +83,7 @@ def estimate(family: Family, sampler: SamplerSettings, rate: float) -> Estimate:
 
 def _culprit(family: Family, sampler: SamplerSettings, over: str, settings: Settings) -> list[str]:
     """``loc`` of the field at fault for going ``over`` ("memory" or "time")."""
-    default = SamplerSettings(device=sampler.device, dtype=sampler.dtype)
+    default = SamplerSettings.model_validate({"device": sampler.device, "dtype": sampler.dtype})
     base = estimate(family, default, settings.admission_flops_per_second)
     if over == "memory" and sampler.history_capacity:
         history = sampler.history_capacity * observation_width(family) * (4 if sampler.dtype == "float32" else 8)

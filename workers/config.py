@@ -74,7 +74,7 @@ class Settings(BaseSettings):
         "not in error) gets 429 for new chunks and models",
     )
     api_redis_timeout_seconds: float = Field(
-        0.75,
+        0.5,
         gt=0,
         le=30,
         description="API: socket and connect timeout of its Redis client; past it a request is 503 with Retry-After",

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from pydantic import ValidationError
 
-from models import FAMILIES, UnknownFamilyError, make_family
+from models import FAMILIES, UnknownFamilyError
 from service import quotas
 from service.bodies import loads_strict, pydantic_422, read_body
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
@@ -73,7 +73,8 @@ async def create_model(
         if body.family not in FAMILIES:
             raise UnknownFamilyError(body.family)
         # strict: "dim": "2" or true is an error, not 2 or 1 (the JSON types are the contract)
-        family = make_family(body.family, FAMILIES[body.family].Params.model_validate(body.params, strict=True))
+        cls = FAMILIES[body.family]
+        family = cls(cls.Params.model_validate(body.params, strict=True))
     except UnknownFamilyError:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT,

@@ -23,6 +23,7 @@ from service.app import create_app
 from tests.conftest import SMALL_MODEL
 from workers.config import Settings
 
+pytestmark = pytest.mark.slow  # ~70 s on a loaded 2-core machine; CI (.ci/run) runs slow tests too
 KEY = {"Authorization": "Bearer ka"}
 PREFIX = f"sgais-test-st-{uuid.uuid4().hex[:8]}"
 
