@@ -6,12 +6,13 @@ from __future__ import annotations
 import threading
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from service import errors
 from service.metrics import BodyLimitMiddleware, TimingMiddleware
-from service.routes import alerts, chunks, events, evidence, models, ops
+from service.routes import alerts, chunks, events, evidence, models, ops, streams
+from service.unavailable import OPENAPI_ERRORS, AllowHeaderMiddleware, api_redis
+from service.unavailable import install as install_unavailable
 from workers.config import Settings, get_settings
 
 
@@ -25,7 +26,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     async def lifespan(app: FastAPI):
         if not settings.redis_url:
             raise RuntimeError("SGAIS_REDIS_URL is not set (sgais serve starts an embedded Redis)")
-        app.state.redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+        app.state.redis = api_redis(settings)  # short timeouts, no retries: 503 within a second (issue 11)
         stop = threading.Event()
         threads = []
         if workers:
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             stop.set()
             for t in threads:
                 t.join(timeout=30)
+            await events.close_hub(app)  # the shared WebSocket subscription (issue 11)
             await app.state.redis.aclose()
 
     app = FastAPI(
@@ -63,9 +65,11 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     )
     app.state.settings = settings  # what the SettingsDep dependency returns
     errors.install(app)  # the store's domain errors -> 404 / 409 / 422
-    for module in (models, chunks, evidence, alerts, events, ops):
-        app.include_router(module.router)
+    for module in (models, chunks, evidence, alerts, events, ops, streams):
+        app.include_router(module.router, responses=OPENAPI_ERRORS.get(module.__name__.rsplit(".", 1)[-1]))
+    install_unavailable(app)  # Redis errors -> 503 + Retry-After (issue 11)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowHeaderMiddleware)  # 405s list every method of the path (issue 11)
     app.add_middleware(TimingMiddleware)
     return app
 

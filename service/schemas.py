@@ -5,10 +5,38 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
+
+from models import FAMILIES
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case name, ^[a-z0-9][a-z0-9_.-]{0,63}$")]
+
+
+class ErrorOut(BaseModel):
+    detail: Any = Field(..., description="the reason: a message, or FastAPI's list of {loc, msg, type}")
+
+
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+#: Responses every authenticated route may return (listed in the OpenAPI document of each route).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "missing or invalid API key"},
+    503: {
+        "model": ErrorOut,
+        "description": "Redis unavailable; retry after Retry-After seconds",
+        "headers": _RETRY_AFTER,
+    },
+}
+#: Responses of routes that take a JSON body.
+BODY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "body is not valid UTF-8"},
+    413: {"model": ErrorOut, "description": "body too large (checked while reading, before parsing)"},
+    415: {"model": ErrorOut, "description": "Content-Type is not application/json"},
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "unknown model or stream"}}
+TOO_MANY: dict[int | str, dict[str, Any]] = {
+    429: {"model": ErrorOut, "description": "tenant over its quota", "headers": _RETRY_AFTER}
+}
 
 
 class _Request(BaseModel):
@@ -19,7 +47,9 @@ class _Request(BaseModel):
 class ModelCreate(_Request):
     name: Name
     stream: Name | None = Field(None, description="defaults to the model's name")
-    family: str = Field(..., description="registered family (models.FAMILIES)")
+    family: str = Field(
+        ..., description="registered family (models.FAMILIES)", json_schema_extra={"enum": sorted(FAMILIES)}
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="the family's hyperparameters")
     sampler: dict[str, Any] = Field(default_factory=dict, description="SGAIS settings overrides")
     alerts: dict[str, Any] = Field(default_factory=dict, description="change-point alert settings overrides")
@@ -42,10 +72,36 @@ class ModelList(BaseModel):
 
 
 # ----- chunks ---------------------------------------------------------------------------------
+def _whole_number(v: Any) -> Any:
+    """JSON Schema's ``integer`` includes ``12.0``; booleans and strings are not numbers here."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+        return int(v)
+    return v
+
+
+_NUMBERS = {"type": "array", "items": {"type": "number"}}
+
+
 class ChunkIn(_Request):
-    seq: StrictInt | None = Field(None, ge=1, description="client chunk number, starting at 1")
-    x: list[Any] | None = Field(None, description="covariates, one row per observation")
-    y: list[Any] = Field(..., description="observations: a number each, or a list of dim numbers")
+    seq: Annotated[StrictInt, BeforeValidator(_whole_number), Field(ge=1)] | None = Field(
+        None, description="client chunk number, starting at 1"
+    )
+    # validated by the stream's family (shapes, finiteness, labels): the schemas below document the form
+    x: list[Any] | None = Field(
+        None, description="covariates, one row per observation", json_schema_extra={"items": _NUMBERS}
+    )
+    y: list[Any] = Field(
+        ...,
+        min_length=1,
+        description="observations: a number each, or a list of dim numbers",
+        json_schema_extra={"items": {"anyOf": [{"type": "number"}, _NUMBERS]}},
+    )
+
+
+class SocketChunkIn(ChunkIn):
+    """A chunk sent over the events WebSocket: ``{"type": "chunk", ...chunk body}``."""
+
+    type: Literal["chunk"]
 
 
 class ChunkAck(BaseModel):

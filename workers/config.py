@@ -47,6 +47,42 @@ class Settings(BaseSettings):
     device: Literal["cpu", "cuda", "auto"] = Field(
         "cpu", description="default sampler.device for models that do not set one"
     )
+    # ----- hardening: admission control, quotas, the API's Redis client, WebSockets (issue 11) -----
+    admission_max_memory_bytes: int = Field(
+        2 * 2**30,
+        ge=2**20,
+        description="models whose estimated worker memory (particle state, likelihood intermediates, "
+        "history reservoir) exceeds this are 422 at creation (workers/admission.py)",
+    )
+    admission_max_block_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="models whose estimated time per block (one annealing step of burn_in SGHMC steps, "
+        "at admission_flops_per_second) exceeds this are 422 at creation",
+    )
+    admission_flops_per_second: float = Field(
+        1e8,
+        gt=0,
+        description="throughput assumed by the time estimate (likelihood + gradient element operations "
+        "per second of one worker; bench/admission.py measures it)",
+    )
+    max_models_per_tenant: int = Field(1000, ge=1, description="a tenant's models beyond this are 429")
+    max_pending_observations_per_tenant: int = Field(
+        10_000_000,
+        ge=1,
+        description="a tenant whose models have more observations still to absorb (summed over its models "
+        "not in error) gets 429 for new chunks and models",
+    )
+    api_redis_timeout_seconds: float = Field(
+        0.5,
+        gt=0,
+        le=30,
+        description="API: socket and connect timeout of its Redis client; past it a request is 503 with Retry-After",
+    )
+    api_redis_max_connections: int = Field(200, ge=1, description="API: Redis connection pool size per process")
+    ws_queue_size: int = Field(
+        256, ge=1, description="API: events queued per WebSocket; on overflow the socket gets a gap event"
+    )
     metrics_port: int | None = Field(None, description="worker: serve Prometheus metrics on this port")
     # issue 11: quarantine, block budget, supervision (workers/quarantine.py, workers/supervisor.py)
     max_block_attempts: int = Field(

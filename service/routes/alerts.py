@@ -7,11 +7,26 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from pydantic import BeforeValidator
 
 from service.deps import KeysDep, RedisDep, TenantDep
 from service.schemas import AlertList
 
 router = APIRouter(prefix="/v1", tags=["alerts"])
+
+
+def _iso_only(v: object) -> object:
+    """``since`` is an ISO 8601 time (OpenAPI ``date-time``), not a Unix timestamp like ``0.5``."""
+    if isinstance(v, str):
+        try:
+            float(v)
+        except ValueError:
+            return v
+        raise ValueError("expected an ISO 8601 date-time, e.g. 2026-01-01T00:00:00Z")
+    return v
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso_only)]
 
 
 @router.get("/alerts", response_model=AlertList)
@@ -22,7 +37,9 @@ async def list_alerts(
     stream: str | None = None,
     model: str | None = None,
     kind: Annotated[str | None, Query(pattern="^(evidence_drop|annealing_spike|model_switch)$")] = None,
-    since: Annotated[datetime | None, Query(description="only alerts created at or after this time (ISO 8601)")] = None,
+    since: Annotated[
+        IsoDateTime | None, Query(description="only alerts created at or after this time (ISO 8601)")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
     """Alerts of the tenant, oldest first, filtered by stream, model, kind and creation time."""

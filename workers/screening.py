@@ -1,0 +1,104 @@
+"""Screening observations before they enter a stream: values whose log-likelihood is not finite.
+
+A finite value such as ``1e308`` passes the NaN/inf checks of :meth:`models.base.Family.validate`, but
+``(y − μ)²`` overflows, the log-likelihood of the block is ``-inf`` for every particle and the model stops
+with ``NumericalError``; since a stream's log is immutable and a model added later replays it from the first
+observation, every model of the stream, present and future, then failed for good (hardening review F4).
+
+The check: each model of the stream evaluates its per-observation log-likelihood ``[P, B]`` at
+:data:`PROBES` fixed draws from its prior (seed :data:`PROBE_SEED`, the model's dtype); a row whose
+log-likelihood is not finite at any probe is refused.  Why prior draws, and why "any":
+
+- Non-finite log-likelihoods of finite data come from overflow (``y²``, ``x·w``, ``exp``) or from
+  ``log 0``; both are driven by the data's magnitude against the scale the prior gives the parameters,
+  and prior draws have exactly that scale.  The sampler's particles start as prior draws (thesis §4.1),
+  so a row non-finite at prior draws is non-finite where the sampler starts.
+- The outcome hardly depends on the draw: overflowing values overflow at every draw (``1e308`` for a
+  Gaussian likelihood: ``(1e308 − μ)² = inf`` for any moderate ``μ``).  Requiring finiteness at all
+  four draws costs nothing for sensible data and refuses a row that would make some particles' weights
+  NaN; the draws are fixed, so the decision is deterministic for a given model configuration.
+- Families with context (autoregressive) are checked with a context of zeros, so every value of the
+  chunk is screened as a target and as a lag.
+
+This is a screen, not a proof: a value with a finite but enormous log-likelihood (``|y| ~ 1e150``) can
+still make SGHMC diverge later; that is reported by the worker as the model's error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from threading import Lock
+
+import torch
+
+from models import Family, make_family
+
+PROBES = 4
+PROBE_SEED = 20_260_101
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_cache: OrderedDict[str, tuple[Family, torch.Tensor, torch.dtype]] = OrderedDict()
+_cache_lock = Lock()
+_CACHE_SIZE = 256
+
+
+def _probe(config_key: str) -> tuple[Family, torch.Tensor, torch.dtype]:
+    """The family and its fixed prior draws ``theta: [PROBES, D]`` for a model configuration (cached)."""
+    with _cache_lock:
+        hit = _cache.get(config_key)
+        if hit is not None:
+            _cache.move_to_end(config_key)
+            return hit
+    family_name, params, dtype_name = json.loads(config_key)
+    family = make_family(family_name, params)
+    dtype = _DTYPES.get(dtype_name, torch.float64)
+    g = torch.Generator().manual_seed(PROBE_SEED)
+    theta = family.sample_prior(g, PROBES, dtype=torch.float64).to(dtype)
+    with _cache_lock:
+        _cache[config_key] = (family, theta, dtype)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return family, theta, dtype
+
+
+def config_key(cfg: dict) -> str:
+    """Cache key of a model config: family, hyperparameters and particle dtype."""
+    return json.dumps([cfg["family"], cfg["params"], cfg.get("sampler", {}).get("dtype", "float64")], sort_keys=True)
+
+
+def first_nonfinite_row(cfg: dict, x: torch.Tensor | None, y: torch.Tensor) -> tuple[int, str] | None:
+    """The first row of a validated chunk whose log-likelihood under the model ``cfg`` is not finite.
+
+    Parameters
+    ----------
+    cfg : dict
+        A model config (``family``, ``params``, ``sampler.dtype``).
+    x, y : Tensor
+        The chunk as validated by the stream's schema: ``x: [B, d] | None``, ``y: [B] | [B, d]``.
+
+    Returns
+    -------
+    (row, reason) or None
+        ``row`` 0-based in the chunk.
+    """
+    family, theta, dtype = _probe(config_key(cfg))
+    xm, ym = family.validate(x, y)  # this family's layout of the stream's values
+    if ym.shape[0] == 0:
+        return None
+    xm = xm.to(dtype) if xm is not None else None
+    ym = ym.to(dtype)
+    if family.context_size:
+        context = ym.new_zeros((family.context_size, *ym.shape[1:]))
+        xm, ym, _ = family.prepare(xm, ym, context)
+    with torch.no_grad():
+        ll = family.log_likelihood(theta, xm, ym)  # [PROBES, B]
+    bad = ~torch.isfinite(ll).all(dim=0)
+    if not bool(bad.any()):
+        return None
+    row = int(bad.nonzero()[0, 0])
+    value = ll[:, row]
+    what = "NaN" if bool(torch.isnan(value).any()) else "infinite"
+    return row, (
+        f"log-likelihood is {what} under model {cfg['name']!r} ({cfg['family']}) at its prior draws: "
+        "the value is too large (or impossible) for the model"
+    )
