@@ -36,9 +36,9 @@ import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from workers import alerts as detector_lib
-from workers.comparison import leader as leader_of
+from workers import comparison
 from workers.config import Settings, get_settings
-from workers.engine import ModelEngine
+from workers.engine import SINGLE_OBSERVATION_BLOCKS, ModelEngine, block_bounds
 from workers.sgais import NumericalError
 from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
@@ -94,7 +94,7 @@ class Worker:
         self.held: dict[str, Held] = {}
         self.ttl_ms = int(settings.lease_ttl_seconds * 1000)
         self._beat_at = self._scan_at = 0.0
-        self._priors: dict[tuple[str, str, str], float] = {}  # (tenant, stream, model) -> prior_probability
+        self._configs: dict[tuple[str, str, str], dict[str, Any]] = {}  # (tenant, stream, model) -> model config
         self.scripts = Scripts(self.r, self.keys)
 
     # ----- loop -------------------------------------------------------------------------------
@@ -293,12 +293,12 @@ class Worker:
         # may lay it out differently (a 1-D gmm wants y: [B, 1], an autoregressive model y: [B]).
         x, y = h.engine.family.validate(*records.decode_chunk(fields))
         seq, first = int(fields[b"seq"]), int(fields[b"first_index"])
-        size, n = h.engine.settings.block_size, y.shape[0]
+        n = y.shape[0]
         settings = detector_lib.AlertSettings(**h.cfg.get("alerts", {}))
-        rows, found = [], []
-        for start in range(0, n, size):
+        rows, found, pending = [], [], None
+        for start, stop in block_bounds(h.engine.observations, n, h.engine.settings.block_size):
             self.keep_alive(h)
-            xb, yb = (x[start : start + size] if x is not None else None), y[start : start + size]
+            xb, yb = (x[start:stop] if x is not None else None), y[start:stop]
             t0 = time.perf_counter()
             (info,) = h.engine.update(xb, yb, validated=True, heartbeat=lambda: self.keep_alive(h))
             seconds = time.perf_counter() - t0
@@ -309,6 +309,8 @@ class Worker:
                 "observations": first + start + int(yb.shape[0]),
                 "log_predictive": info.log_predictive,
                 "log_evidence": info.log_evidence,
+                # Monte Carlo standard error of log_evidence (nats); 0 until the engine reports it
+                "log_evidence_se": float(getattr(info, "log_evidence_se", 0.0)),
                 "annealing_steps": info.annealing_steps,
                 "ess": info.ess,
                 "resampled": info.resampled,
@@ -317,16 +319,24 @@ class Worker:
                 "seconds": seconds,
             }
             rows.append(row)
-            h.detector, new = detector_lib.detect(
-                h.detector,
-                settings,
-                {
-                    "first_index": row["first_index"],
-                    "observations": info.observations,
-                    "log_predictive": info.log_predictive,
-                    "annealing_steps": info.annealing_steps,
-                },
-            )
+            # the stream's first values, split into one-observation blocks (workers/engine.py), reach the
+            # change detector as the one block of this chunk they were before the split
+            part = {
+                "first_index": row["first_index"],
+                "observations": info.observations,
+                "log_predictive": info.log_predictive,
+                "annealing_steps": info.annealing_steps,
+            }
+            if pending is not None:
+                part = {
+                    "first_index": pending["first_index"],
+                    **{k: pending[k] + part[k] for k in ("observations", "log_predictive", "annealing_steps")},
+                }
+                pending = None
+            if row["observations"] < SINGLE_OBSERVATION_BLOCKS and stop < n:
+                pending = part
+                continue
+            h.detector, new = detector_lib.detect(h.detector, settings, part)
             found += [{**a, "stream": h.stream, "model": h.name} for a in new]
         self.commit(h, entry_id, seq, rows, found)
         OBSERVATIONS.inc(n)
@@ -395,8 +405,8 @@ class Worker:
         self.update_stream_posterior(h, state, rows)
 
     def _known(self, h: Held) -> list[str]:
-        """Models of the stream whose prior this worker has cached (the scripts skip reading their configs)."""
-        return sorted({m for (t, s, m) in self._priors if (t, s) == (h.tenant, h.stream)} | {h.name})
+        """Models of the stream whose config this worker has cached (the scripts skip reading their configs)."""
+        return sorted({m for (t, s, m) in self._configs if (t, s) == (h.tenant, h.stream)} | {h.name})
 
     def update_stream_posterior(self, h: Held, state: StreamState | None, rows: list[dict]) -> None:
         """Store the stream posterior of ``state`` (leader record, ``posterior`` event, ``model_switch`` alert)
@@ -427,37 +437,58 @@ class Worker:
 
     def stream_posterior(self, h: Held, state: StreamState, rows: list[dict]) -> tuple[dict | None, dict, dict | None]:
         """Stream posterior at ``state.count``: (event body, or None if the count went down; leader record;
-        ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above)."""
+        ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above).
+        The body is :func:`workers.store.records.stream_posterior`, as the API computes it; the leader
+        changes by :func:`workers.comparison.switch_leader` (margin and hysteresis)."""
         t, count = h.tenant, state.count
-        # Model configs are immutable while a model exists: each prior is read once (a model deleted and
-        # re-created under the same name keeps its old prior here until the worker restarts).
+        # Model configs are immutable while a model exists: each is read once (a model deleted and
+        # re-created under the same name keeps its old config here until the worker restarts).
         names = {m for m, *_ in state.models}
-        for key in [key for key in self._priors if key[:2] == (t, h.stream) and key[2] not in names]:
-            del self._priors[key]
-        states, priors, lz = {}, {}, {}
+        for key in [key for key in self._configs if key[:2] == (t, h.stream) and key[2] not in names]:
+            del self._configs[key]
+        states, rows_n = {}, {}
         for m, obs, status, row, cfg in state.models:
             if cfg:
-                self._priors[(t, h.stream, m)] = json.loads(cfg)["prior_probability"]
-            priors[m] = h.cfg["prior_probability"] if m == h.name else self._priors[(t, h.stream, m)]
-            states[m] = {"observations": obs, "status": status}
-            if row and (found := records.trace_row_at([row], count)) is not None:
-                lz[m] = found["log_evidence"]
-        lz.update({h.name: r["log_evidence"] for r in rows if r["observations"] == count})
-        active = [m for m in states if states[m]["status"] != "error"]
-        if count == 0:
-            lz = {m: 0.0 for m in active}
-        entries = [{"model": m, "prior_probability": priors[m], "log_evidence": lz[m]} for m in active if m in lz]
-        posterior = records.stream_posterior(h.stream, count, entries)
-        record = {"model": leader_of(posterior["models"]), "observations": count}
+                self._configs[(t, h.stream, m)] = json.loads(cfg)
+            conf = h.cfg if m == h.name else self._configs[(t, h.stream, m)]
+            states[m] = records.model_state(conf, obs, status, None)
+            rows_n[m] = records.trace_row_at([row], count) if row else None
+        for row in rows:
+            if row["observations"] == count:
+                rows_n[h.name] = row
+        failed = [m for m in states if states[m]["status"] == "error"]
+        if failed:
+            pipe = self.r.pipeline(transaction=False)
+            for m in failed:
+                pipe.hget(self.keys.checkpoint(t, m), "error")
+            for m, err in zip(failed, pipe.execute(), strict=True):
+                states[m]["error"] = err.decode() if err else None
+        scored = [m for m in states if states[m]["status"] != "error" and rows_n.get(m) is not None]
+        conditioned_on = comparison.stream_context([st["context"] for st in states.values()])
+        rows_c: dict[str, dict | None] = {}
+        while 0 < conditioned_on < count and scored:  # the same search as workers.store.reads.stream_posterior
+            pipe = self.r.pipeline(transaction=False)
+            for m in scored:
+                pipe.zrevrangebyscore(self.keys.trace(t, m), conditioned_on - 1, "-inf", start=0, num=1)
+            rows_c = {
+                m: records.row_covering(got, conditioned_on) for m, got in zip(scored, pipe.execute(), strict=True)
+            }
+            ends = {m: (x or {}).get("observations") for m, x in rows_c.items()}
+            nxt = comparison.next_common_count(conditioned_on, ends)
+            if nxt == conditioned_on:
+                break
+            conditioned_on = count if nxt is None else nxt
+        entries = records.posterior_entries(states, rows_n, rows_c)
+        posterior = records.stream_posterior(h.stream, count, conditioned_on, entries)
         previous = state.previous
         if previous is not None and count < previous["observations"]:
-            return None, record, None  # a model joined the stream: the count went down
-        switch = None
-        if previous is not None and previous["model"] in states:
-            switch = detector_lib.model_switch(previous["model"], posterior["models"])
-            if switch is not None:
-                switch.update(stream=h.stream, observation_index=previous["observations"], detected_at_index=count - 1)
-        return posterior, record, switch
+            # a model joined the stream: the count went down; the leader stays
+            return None, {"model": previous["model"], "observations": count}, None
+        old = previous["model"] if previous is not None and previous["model"] in states else None
+        new_leader, switch = comparison.switch_leader(old, posterior["models"])
+        if switch is not None:
+            switch.update(stream=h.stream, observation_index=previous["observations"], detected_at_index=count - 1)
+        return posterior, {"model": new_leader, "observations": count}, switch
 
     def record_error(self, h: Held, err: Exception) -> None:
         """Mark the model as failed (status "error" + message), publish it, release the lease."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.engine import ModelEngine
+from workers.engine import ModelEngine, block_bounds
 
 
 def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) -> list[dict]:
@@ -40,11 +40,10 @@ def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
     rows, first = [], 0
     for chunk in chunks:
         x, y = eng.family.validate(chunk["x"], chunk["y"])
-        size = eng.settings.block_size
-        for start in range(0, y.shape[0], size):
-            xb = x[start : start + size] if x is not None else None
-            (info,) = eng.update(xb, y[start : start + size], validated=True)
-            b = min(size, y.shape[0] - start)
+        for start, stop in block_bounds(eng.observations, y.shape[0], eng.settings.block_size):
+            xb = x[start:stop] if x is not None else None
+            (info,) = eng.update(xb, y[start:stop], validated=True)
+            b = stop - start
             rows.append(
                 {
                     "seq": chunk["seq"],
