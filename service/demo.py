@@ -247,6 +247,7 @@ def _report(
             ]
             + [a for a in short_alerts if a["kind"] == "model_switch"],
             priors={},
+            conditioned_on=post.get("conditioned_on", 0),
         )
         leader_drops = sorted(
             a["observation_index"]

@@ -447,12 +447,12 @@ class Worker:
         for key in [key for key in self._configs if key[:2] == (t, h.stream) and key[2] not in names]:
             del self._configs[key]
         states, rows_n = {}, {}
-        for m, obs, status, row, cfg in state.models:
+        for m, obs, status, raw_row, cfg in state.models:
             if cfg:
                 self._configs[(t, h.stream, m)] = json.loads(cfg)
             conf = h.cfg if m == h.name else self._configs[(t, h.stream, m)]
             states[m] = records.model_state(conf, obs, status, None)
-            rows_n[m] = records.trace_row_at([row], count) if row else None
+            rows_n[m] = records.trace_row_at([raw_row], count) if raw_row else None
         for row in rows:
             if row["observations"] == count:
                 rows_n[h.name] = row
@@ -486,7 +486,7 @@ class Worker:
             return None, {"model": previous["model"], "observations": count}, None
         old = previous["model"] if previous is not None and previous["model"] in states else None
         new_leader, switch = comparison.switch_leader(old, posterior["models"])
-        if switch is not None:
+        if switch is not None and previous is not None:  # a switch needs a previous leader
             switch.update(stream=h.stream, observation_index=previous["observations"], detected_at_index=count - 1)
         return posterior, {"model": new_leader, "observations": count}, switch
 

@@ -148,7 +148,7 @@ async def stream_posterior(r: aioredis.Redis, keys: Keys, tenant: str, stream: s
         return {m: records.row_covering(rows, c) for m, rows in zip(models, await pipe.execute(), strict=True)}
 
     rows_n = await rows_at(count, active) if count > 0 else {}
-    scored = [m for m in active if rows_n.get(m) is not None and rows_n[m]["observations"] == count]
+    scored = [m for m in active if (rows_n.get(m) or {}).get("observations") == count]
     conditioned_on, rows_c = context, {}
     while 0 < conditioned_on < count and scored:
         rows_c = await rows_at(conditioned_on, scored)
