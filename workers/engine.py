@@ -25,21 +25,25 @@ CHECKPOINT_VERSION = 1
 
 # Model comparison on the same observations (DESIGN.md §9, API.md "Model comparison") needs every
 # model's running log-evidence at the stream's largest context c (the largest AR order of its models):
-# log p(y_{c+1..n} | y_{1..c}) = log Ẑ_n − log Ẑ_c.  Trace rows exist only at block ends, so the
-# stream's first SINGLE_OBSERVATION_BLOCKS values are absorbed as one-observation blocks: a row then
-# exists at every count c ≤ this bound, whatever the chunking and whichever model joins later.  Larger
-# contexts are compared from the first count ≥ c where every model has a row (a chunk end at worst;
-# workers.comparison.aligned_count).  Not the AR order limit (1000): one-observation blocks cost
-# 1-2 annealing steps each, measured ~3x the time of the first 600 observations at 16 of them.
-SINGLE_OBSERVATION_BLOCKS = 10
+# log p(y_{c+1..n} | y_{1..c}) = log Ẑ_n − log Ẑ_c.  Trace rows exist only at block ends, so the worker
+# (workers/runner.py) absorbs the stream's first SINGLE_OBSERVATION_BLOCKS values as one-observation
+# blocks: every model then has a row at each count c ≤ this bound, whatever the chunking and whichever
+# model joins later.  Larger contexts are compared from the first count ≥ c where every model has a row
+# (a chunk end at worst; workers.comparison.next_common_count).  Why 2 and not the AR order limit (1000):
+# one-observation blocks of real data cost 1-2 annealing steps each, and an AR(2) model (3 parameters)
+# absorbing y_3 alone after extreme lags (y_1 = 5, y_2 = -4, seed 21) diverged (SGHMC NaN), where the
+# 500-observation block is 0.16 nats from exact.  With 2, an AR(p ≥ 2) model's split values are all
+# context (no annealing), and AR(1)/i.i.d. models absorb at most two values alone.  ModelEngine.update
+# keeps plain block_size blocks (the kernel's behaviour is unchanged); the history it rebuilds does not
+# depend on the split (prepare() gives the same rows).
+SINGLE_OBSERVATION_BLOCKS = 2
 
 
 def block_bounds(done: int, n: int, block_size: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` offsets splitting a chunk of ``n`` values that follows ``done`` absorbed ones.
+    """``(start, stop)`` offsets of the worker's blocks in a chunk of ``n`` values after ``done`` absorbed ones.
 
-    Blocks of ``block_size``, except that the stream's first :data:`SINGLE_OBSERVATION_BLOCKS`
-    values are one block each (see there).  The runner, :meth:`ModelEngine.update` and the history
-    rebuild all split with this function, so they see the same blocks.
+    Blocks of ``block_size``, except that the stream's first :data:`SINGLE_OBSERVATION_BLOCKS` values are
+    one block each (see there).  Each block goes to :meth:`ModelEngine.update` on its own.
     """
     bounds, start = [], 0
     while start < n and done + start < SINGLE_OBSERVATION_BLOCKS:
@@ -83,7 +87,7 @@ class ModelEngine:
     def update(
         self, x: Any, y: Any, *, validated: bool = False, heartbeat: Callable[[], None] | None = None
     ) -> list[sgais.BlockInfo]:
-        """Absorb a chunk, split into blocks by :func:`block_bounds`; one BlockInfo per block.
+        """Absorb a chunk, split into blocks of ``block_size``; one BlockInfo per block.
 
         ``x``/``y`` are validated by the family unless ``validated``; ``heartbeat`` is called
         during long re-annealings (``sgais.absorb_block``).
@@ -98,9 +102,10 @@ class ModelEngine:
         if not validated:
             x, y = self.family.validate(x, y)
         infos = []
-        for start, stop in block_bounds(self.observations, y.shape[0], self.settings.block_size):
-            xb = x[start:stop] if x is not None else None
-            yb = y[start:stop]
+        size = self.settings.block_size
+        for start in range(0, y.shape[0], size):
+            xb = x[start : start + size] if x is not None else None
+            yb = y[start : start + size]
             self.state, info = sgais.absorb_block(
                 self.generator,
                 self.state,
@@ -236,9 +241,9 @@ class ModelEngine:
             take = min(y.shape[0], observations - done)
             x, y = (x[:take] if x is not None else None), y[:take]
             # identical block splitting to update(): prepare() sees the same blocks
-            for start, stop in block_bounds(done, take, size):
-                xb = x[start:stop].to(dtype=dtype, device=device) if x is not None else None
-                yb = y[start:stop].to(dtype=dtype, device=device)
+            for start in range(0, take, size):
+                xb = x[start : start + size].to(dtype=dtype, device=device) if x is not None else None
+                yb = y[start : start + size].to(dtype=dtype, device=device)
                 xr, yr, context = self.family.prepare(xb, yb, context)
                 history.append(xr, yr)
             done += take

@@ -47,10 +47,14 @@ def posterior(cfgs: dict[str, dict], rows: dict[str, dict[int, dict]], count: in
 
 
 def test_block_bounds_split_the_first_values():
-    assert block_bounds(0, 25, 500) == [(i, i + 1) for i in range(SINGLE_OBSERVATION_BLOCKS)] + [(10, 25)]
-    assert block_bounds(3, 12, 5) == [(i, i + 1) for i in range(7)] + [(7, 12)]
-    assert block_bounds(SINGLE_OBSERVATION_BLOCKS, 12, 5) == [(0, 5), (5, 10), (10, 12)]
-    assert block_bounds(0, 3, 500) == [(0, 1), (1, 2), (2, 3)]
+    k = SINGLE_OBSERVATION_BLOCKS
+    assert k >= 2  # AR(1) and AR(2) (the demo's models) get exact alignment
+    assert block_bounds(0, 25, 500) == [(i, i + 1) for i in range(k)] + [(k, 25)]
+    assert block_bounds(1, 12, 5) == [(i, i + 1) for i in range(k - 1)] + [
+        (a, min(a + 5, 12)) for a in range(k - 1, 12, 5)
+    ]
+    assert block_bounds(k, 12, 5) == [(0, 5), (5, 10), (10, 12)]
+    assert block_bounds(0, 1, 500) == [(0, 1)]
 
 
 def test_alignment_arithmetic_with_exact_numbers():
