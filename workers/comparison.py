@@ -167,7 +167,10 @@ def switch_leader(previous: str | None, models: list[dict[str, Any]]) -> tuple[s
     if top == previous:
         return previous, None
     new = by_name[top]
-    log_odds = math.log(new["probability"]) - math.log(old["probability"]) if old["probability"] > 0 else math.inf
+    if old["probability"] > 0 and new["probability"] > 0:
+        log_odds = math.log(new["probability"]) - math.log(old["probability"])
+    else:  # exp underflowed (> ~745 nats apart): the evidence difference, finite for the alert's JSON
+        log_odds = float(new["log_evidence"]) - float(old["log_evidence"])
     se = math.hypot(float(new.get("log_evidence_se") or 0.0), float(old.get("log_evidence_se") or 0.0))
     if log_odds < SWITCH_MIN_NATS or log_odds < SWITCH_Z * se:
         return previous, None

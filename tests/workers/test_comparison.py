@@ -180,6 +180,8 @@ def test_switch_needs_the_margin_and_its_error_bar():
     # hysteresis: once b leads, a needs the same margin back
     assert comparison.switch_leader("b", _two_model_posterior(-0.9)) == ("b", None)
     assert comparison.switch_leader("b", _two_model_posterior(-1.1))[0] == "a"
+    # an old leader ~1000 nats behind (its probability underflows to 0): a finite score
+    assert comparison.switch_leader("a", _two_model_posterior(1000.0))[1]["score"] == pytest.approx(1000.0)
     # the first leader and a deleted leader take over without an alert
     assert comparison.switch_leader(None, _two_model_posterior(0.1)) == ("b", None)
     assert comparison.switch_leader("gone", _two_model_posterior(0.1)) == ("b", None)
