@@ -6,6 +6,7 @@ extreme, every log Bayes factor within 2.5 nats of the exact one on y_{3..n}."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -139,3 +140,32 @@ def test_log_bayes_factors_within_tolerance_of_exact_on_extreme_first_values(api
     # Bayes factor against the AR models is off by the cost of y_1, y_2 (> TOL here)
     assert abs((own["gmm"] - own["ar2"]) - (exact["gmm"] - exact["ar2"])) > TOL, report
     print("aligned vs exact (got, exact, own running):", report)
+
+
+def test_worker_event_and_api_agree_on_the_aligned_posterior(api, settings):
+    """An AR(1) and a gmm on one stream: conditioned_on = 1, the gmm scored without y_1, the worker's
+    posterior event equal to the API's body, and a model added later (AR(2)) raises c to 2."""
+    r = redis.Redis.from_url(settings.redis_url)
+    sampler = {"particles": 10, "burn_in": 5, "seed": 1}
+    for name, family, params in (("ar1", "autoregressive", {"order": 1}), ("gmm", "gmm", {"dim": 1, "components": 1})):
+        body = {"name": name, "stream": "s", "family": family, "params": params, "sampler": sampler}
+        assert api.post("/v1/models", json=body).status_code == 201
+    y = [0.3 * math.sin(i / 2) for i in range(30)]
+    assert api.post("/v1/streams/s/chunks", json={"seq": 1, "y": y}).status_code == 202
+    worker = Worker(settings.model_copy(update={"lease_ttl_seconds": 60.0}))
+    events = events_of(r, settings, lambda: run_until_idle(worker))
+    post = api.get("/v1/streams/s/posterior").json()
+    assert post["observations"] == 30 and post["conditioned_on"] == 1
+    assert {k: [e for e in events if e["type"] == "posterior"][-1][k] for k in post} == post
+    gmm_rows = api.get("/v1/models/gmm/trace").json()["items"]
+    by = {m["model"]: m for m in post["models"]}
+    assert by["gmm"]["log_evidence"] == pytest.approx(gmm_rows[-1]["log_evidence"] - gmm_rows[0]["log_evidence"])
+    assert gmm_rows[0]["observations"] == 1  # the first value is a block of its own
+
+    body = {"name": "ar2", "stream": "s", "family": "autoregressive", "params": {"order": 2}, "sampler": sampler}
+    assert api.post("/v1/models", json=body).status_code == 201
+    run_until_idle(worker)
+    post = api.get("/v1/streams/s/posterior").json()
+    assert post["observations"] == 30 and post["conditioned_on"] == 2
+    assert all(m["probability"] is not None for m in post["models"])
+    r.close()
