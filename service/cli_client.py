@@ -202,7 +202,12 @@ def format_event(ev: dict[str, Any]) -> str:
             f"score {ev.get('score', 0):.3g}) {ev.get('message', '')}"
         )
     if kind == "posterior":
-        probs = ", ".join(f"{m['model']}={m['probability']:.3f}" for m in ev.get("models", []))
+        probs = ", ".join(
+            f"{m['model']}={m['probability']:.3f}"
+            if m.get("probability") is not None
+            else f"{m['model']}={m['status']}"
+            for m in ev.get("models", [])
+        )
         return f"[green]posterior[/green] n={ev.get('observations')}: {probs}"
     return json.dumps(ev)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ApiError", "SgaisClient"]
+__all__ = ["ApiError", "ModelFailedError", "SgaisClient"]
 
 
 class ApiError(Exception):
@@ -28,6 +28,18 @@ class ApiError(Exception):
         self.status = status
         self.detail = detail
         super().__init__(f"{method} {url} -> {status}: {detail}")
+
+
+class ModelFailedError(RuntimeError):
+    """A model stopped with status ``error``: ``stream``, ``model``, ``error`` (the service's message, e.g.
+    ``NumericalError: SGHMC diverged ...``) and ``evidence`` (its evidence body)."""
+
+    def __init__(self, stream: str, model: str, error: str, evidence: dict[str, Any] | None = None):
+        self.stream = stream
+        self.model = model
+        self.error = error
+        self.evidence = evidence or {}
+        super().__init__(f"stream {stream}: model {model} failed: {error}")
 
 
 def _ws_url(base_url: str) -> str:
@@ -202,13 +214,28 @@ class SgaisClient:
     def wait_until_processed(self, stream: str, *, timeout: float = 300.0, poll: float = 0.2) -> dict[str, Any]:
         """Poll ``GET /v1/streams/{stream}`` until every model has processed every observation.
 
-        Returns the last stream body. Raises ``TimeoutError`` after ``timeout`` seconds.
+        A model that has not caught up is checked (``GET /v1/models/{model}/evidence``): a model in
+        ``error`` will never catch up, so it is reported at once instead of waiting for the timeout.
+
+        Returns the last stream body.
+
+        Raises
+        ------
+        ModelFailedError
+            A model of the stream is in ``error`` (its name and its error message are attributes).
+        TimeoutError
+            The models have not caught up after ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
             body = self.stream(stream)
-            if all(m["observations_processed"] >= body["observations"] for m in body["models"]):
+            lagging = [m for m in body["models"] if m["observations_processed"] < body["observations"]]
+            if not lagging:
                 return body
+            for m in lagging:
+                ev = self.evidence(m["name"])
+                if ev["status"] == "error":
+                    raise ModelFailedError(stream, m["name"], ev.get("error") or "", ev)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"stream {stream}: models not caught up after {timeout:.0f} s: {body['models']}")
             time.sleep(poll)

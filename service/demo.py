@@ -122,6 +122,8 @@ def _status_table(c: SgaisClient, streams: dict[str, dict]) -> Table:
         done = min((m["observations_processed"] for m in st["models"]), default=0)
         models = "  ".join(
             f"{m['model'].split('.')[-1]} {m['log_evidence']:.1f} ({m['probability']:.2f})"
+            if m.get("probability") is not None
+            else f"{m['model'].split('.')[-1]} {m.get('status', 'error')}"
             for m in post.get("models", [])
         )
         table.add_row(name, f"{done}/{info['n']}", models, str(n_alerts))
@@ -230,7 +232,9 @@ def _report(
         traces = {m.split(".")[-1]: c.full_trace(m) for m in models}
         alerts = c.alerts(stream=stream)
         post = c.stream_posterior(stream)
-        leader = max(post["models"], key=lambda m: m["probability"])
+        # the stream posterior scores every model on the same observations (after conditioned_on, API.md);
+        # a model in error has no probability
+        leader = max(post["models"], key=lambda m: -1.0 if m["probability"] is None else m["probability"])
         short_alerts = [dict(a, model=a["model"].split(".")[-1]) for a in alerts]
         png = series_figure(
             out / f"{name}.png",
@@ -243,6 +247,7 @@ def _report(
             ]
             + [a for a in short_alerts if a["kind"] == "model_switch"],
             priors={},
+            conditioned_on=post.get("conditioned_on", 0),
         )
         leader_drops = sorted(
             a["observation_index"]
@@ -255,8 +260,14 @@ def _report(
                 "observations": info["n"],
                 "stream": stream,
                 "most_probable": leader["model"].split(".")[-1],
-                "probability": round(leader["probability"], 4),
-                **{f"logZ_{m['model'].split('.')[-1]}": round(m["log_evidence"], 2) for m in post["models"]},
+                "probability": round(leader["probability"] or 0.0, 4),
+                "conditioned_on": post.get("conditioned_on", 0),
+                **{
+                    f"logZ_{m['model'].split('.')[-1]}": None
+                    if m["log_evidence"] is None
+                    else round(m["log_evidence"], 2)
+                    for m in post["models"]
+                },
                 "alerts": len(alerts),
                 "evidence_drop": sum(a["kind"] == "evidence_drop" for a in alerts),
                 "annealing_spike": sum(a["kind"] == "annealing_spike" for a in alerts),

@@ -131,7 +131,8 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float)
     for tenant, s in streams:
         post = await store.stream_posterior(r, keys, tenant, s)
         for entry in post["models"]:
-            g["p"].add_metric([tenant, s, entry["model"]], entry["probability"])
+            if entry["probability"] is not None:  # a model in error has none (API.md "Model comparison")
+                g["p"].add_metric([tenant, s, entry["model"]], entry["probability"])
     alerts = CounterMetricFamily("sgais_alerts", "alerts raised", labels=["kind"])
     for kind, count in sorted((await r.hgetall(keys.alerts_total)).items()):
         alerts.add_metric([kind], float(count))

@@ -15,24 +15,46 @@ import numpy as np  # noqa: E402
 KIND_STYLE = {"evidence_drop": ("red", "-"), "annealing_spike": ("darkorange", ":"), "model_switch": ("purple", "-.")}
 
 
-def probabilities_over_time(
-    traces: dict[str, list[dict]], priors: dict[str, float]
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Model probabilities at every observation count that all models' traces share.
+def aligned_log_evidence(
+    traces: dict[str, list[dict]], conditioned_on: int = 0
+) -> tuple[list[int], dict[str, list[float]]]:
+    """Every model's log p(y_{c+1..n} | y_{1..c}) at the observation counts n > c all traces share.
 
-    ``traces``: model -> trace rows (``observations`` cumulative, ``log_evidence`` running).
-    Returns (counts [K], model -> probabilities [K]); ``p ∝ prior · exp(log Z)``.
+    ``traces``: model -> trace rows (``observations`` cumulative, ``log_evidence`` running);
+    ``conditioned_on``: c from the stream posterior (API.md "Model comparison").  Each model's running
+    value minus its value at c' (the first shared count ≥ c, which is c itself when the traces have rows
+    there): the same observations for every model, as the stream posterior compares them.
+    Returns (counts, model -> values), both empty without shared counts.
     """
     by_model = {m: {r["observations"]: r["log_evidence"] for r in rows} for m, rows in traces.items() if rows}
     if not by_model:
-        return np.array([]), {}
+        return [], {}
     common = sorted(set.intersection(*(set(d) for d in by_model.values())))
-    models = list(by_model)
-    logz = np.array([[by_model[m][n] + math.log(priors.get(m, 1.0)) for n in common] for m in models])  # [M, K]
+    start = next((n for n in common if n >= conditioned_on), None) if conditioned_on > 0 else 0
+    if start is None:
+        return [], {}
+    counts = [n for n in common if n > start]
+    base = {m: (d[start] if start else 0.0) for m, d in by_model.items()}
+    return counts, {m: [d[n] - base[m] for n in counts] for m, d in by_model.items()}
+
+
+def probabilities_over_time(
+    traces: dict[str, list[dict]], priors: dict[str, float], conditioned_on: int = 0
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Model probabilities at every observation count that all models' traces share, every model scored on
+    the observations after ``conditioned_on`` (:func:`aligned_log_evidence`).
+
+    Returns (counts [K], model -> probabilities [K]); ``p ∝ prior · exp(log Z)``.
+    """
+    counts, aligned = aligned_log_evidence(traces, conditioned_on)
+    if not counts:
+        return np.array([]), {}
+    models = list(aligned)
+    logz = np.array([[v + math.log(priors.get(m, 1.0)) for v in aligned[m]] for m in models])  # [M, K]
     logz -= logz.max(0, keepdims=True)
     p = np.exp(logz)
     p /= p.sum(0, keepdims=True)
-    return np.array(common), {m: p[i] for i, m in enumerate(models)}
+    return np.array(counts), {m: p[i] for i, m in enumerate(models)}
 
 
 def series_figure(
@@ -44,9 +66,11 @@ def series_figure(
     traces: dict[str, list[dict]],
     alerts: list[dict[str, Any]],
     priors: dict[str, float],
+    conditioned_on: int = 0,
 ) -> Path:
     """Write ``path``: (1) the series with annotated change points (grey) and alerts (coloured by kind),
-    (2) each model's log-evidence relative to the models' mean, (3) model probabilities over time."""
+    (2) each model's log-evidence relative to the models' mean, (3) model probabilities over time; (2) and
+    (3) on the observations after ``conditioned_on`` (the stream posterior's), as the service compares them."""
     fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True, constrained_layout=True)
     ax = axes[0]
     ax.plot(np.arange(len(values)), values, color="black", lw=1)
@@ -66,16 +90,14 @@ def series_figure(
     ax = axes[1]
     rows = {m: r for m, r in traces.items() if r}
     if rows:
-        counts, probs = probabilities_over_time(rows, priors)
+        counts, probs = probabilities_over_time(rows, priors, conditioned_on)
+        _, aligned = aligned_log_evidence(rows, conditioned_on)
         if len(counts):
-            mean = np.mean(
-                [[{r["observations"]: r["log_evidence"] for r in rows[m]}[n] for n in counts] for m in rows], 0
-            )
-            for m in rows:
-                lz = {r["observations"]: r["log_evidence"] for r in rows[m]}
-                ax.plot(counts, [lz[n] for n in counts] - mean, label=m)
+            mean = np.mean([aligned[m] for m in aligned], 0)
+            for m in aligned:
+                ax.plot(counts, np.array(aligned[m]) - mean, label=m)
         ax.axhline(0, color="grey", lw=0.5)
-        ax.set_ylabel("log Z − mean over models (nats)")
+        ax.set_ylabel(f"log p(y_{{c+1..n}} | y_{{1..c}}) − mean (nats), c = {conditioned_on}")
         ax.legend(loc="best", fontsize=8)
         ax = axes[2]
         for m, p in probs.items():

@@ -150,6 +150,9 @@ class TraceRow(Block):
     observations: int = Field(..., description="cumulative stream values absorbed after this block")
     block_observations: int = Field(..., description="stream values in the block")
     log_evidence: float = Field(..., description="running log-evidence (nats)")
+    log_evidence_se: float = Field(
+        0.0, description="Monte Carlo standard error of log_evidence (nats; 0 = not reported)"
+    )
 
 
 class Trace(BaseModel):
@@ -187,14 +190,33 @@ class Posterior(BaseModel):
 
 class ModelProbability(BaseModel):
     model: str
-    log_evidence: float
-    probability: float
-    log_bayes_factor: float
+    status: Literal["pending", "ok", "degraded", "error"] = Field(
+        "ok", description="the model's status; a model in error is listed without a result"
+    )
+    error: str | None = Field(None, description="why the model stopped or is degraded")
+    log_evidence: float | None = Field(
+        ...,
+        description="log p(y_{c+1..n} | y_{1..c}) (nats), c = conditioned_on: the same observations for every "
+        "model (may differ from the model's own running log-evidence); null without a result",
+    )
+    log_evidence_se: float | None = Field(None, description="its Monte Carlo standard error (nats)")
+    probability: float | None = Field(
+        ..., description="∝ prior_probability · exp(log_evidence) over the models with results; null without one"
+    )
+    log_bayes_factor: float | None = Field(..., description="log_evidence minus the most probable model's (nats)")
+    log_bayes_factor_se: float | None = Field(
+        None, description="its standard error, sqrt(se² + se_best²) (nats; independent random streams)"
+    )
 
 
 class StreamPosterior(BaseModel):
     stream: str
-    observations: int
+    observations: int = Field(..., description="n, the largest observation count every active model has processed")
+    conditioned_on: int = Field(
+        0,
+        description="c, the first observations every model is conditioned on: the stream's largest context "
+        "(e.g. the largest AR order), or the first count after it at which every model has a trace row",
+    )
     models: list[ModelProbability]
 
 

@@ -104,8 +104,8 @@ def test_client_round_trip_and_errors(service_url):
 
         ev = c.evidence("cl-a")
         assert ev["observations"] == 60 and ev["chunks_pending"] == 0
-        rows = c.full_trace("cl-a", page=2)  # paging: 6 blocks of 10 in pages of 2
-        assert [r["observations"] for r in rows] == [10, 20, 30, 40, 50, 60]
+        rows = c.full_trace("cl-a", page=2)  # paging: the 2 first values alone (workers/engine.py), blocks of 10
+        assert [r["observations"] for r in rows] == [1, 2, 12, 22, 30, 40, 50, 60]
         assert rows[-1]["log_evidence"] == pytest.approx(ev["log_evidence"])
         assert c.posterior("cl-a")["parameters"]
         assert c.stream_posterior("cl-s")["models"][0]["probability"] == pytest.approx(1.0)

@@ -23,6 +23,35 @@ from workers.settings import SamplerSettings
 
 CHECKPOINT_VERSION = 1
 
+# Model comparison on the same observations (DESIGN.md §9, API.md "Model comparison") needs every
+# model's running log-evidence at the stream's largest context c (the largest AR order of its models):
+# log p(y_{c+1..n} | y_{1..c}) = log Ẑ_n − log Ẑ_c.  Trace rows exist only at block ends, so the worker
+# (workers/runner.py) absorbs the stream's first SINGLE_OBSERVATION_BLOCKS values as one-observation
+# blocks: every model then has a row at each count c ≤ this bound, whatever the chunking and whichever
+# model joins later.  Larger contexts are compared from the first count ≥ c where every model has a row
+# (a chunk end at worst; workers.comparison.next_common_count).  Why 2 and not the AR order limit (1000):
+# one-observation blocks of real data cost 1-2 annealing steps each, and an AR(2) model (3 parameters)
+# absorbing y_3 alone after extreme lags (y_1 = 5, y_2 = -4, seed 21) diverged (SGHMC NaN), where the
+# 500-observation block is 0.16 nats from exact.  With 2, an AR(p ≥ 2) model's split values are all
+# context (no annealing), and AR(1)/i.i.d. models absorb at most two values alone.  ModelEngine.update
+# keeps plain block_size blocks (the kernel's behaviour is unchanged); the history it rebuilds does not
+# depend on the split (prepare() gives the same rows).
+SINGLE_OBSERVATION_BLOCKS = 2
+
+
+def block_bounds(done: int, n: int, block_size: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` offsets of the worker's blocks in a chunk of ``n`` values after ``done`` absorbed ones.
+
+    Blocks of ``block_size``, except that the stream's first :data:`SINGLE_OBSERVATION_BLOCKS` values are
+    one block each (see there).  Each block goes to :meth:`ModelEngine.update` on its own.
+    """
+    bounds, start = [], 0
+    while start < n and done + start < SINGLE_OBSERVATION_BLOCKS:
+        bounds.append((start, start + 1))
+        start += 1
+    bounds += [(a, min(a + block_size, n)) for a in range(start, n, block_size)]
+    return bounds
+
 
 class ModelEngine:
     """SGAIS for one model.

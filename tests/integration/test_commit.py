@@ -10,6 +10,7 @@ import redis
 
 from tests.conftest import SMALL_MODEL
 from tests.integration.helpers import api_with_models, linear_chunks
+from workers.engine import SINGLE_OBSERVATION_BLOCKS
 from workers.store.commit import Scripts
 from workers.store.keys import Keys
 from workers.worker import LeaseLost, Worker
@@ -81,7 +82,9 @@ def test_stream_posterior_events_and_model_switch(api, settings, r):
     evidence = sorted(
         (e["model"], e["chunks_processed"], e["chunks_pending"]) for e in events if e["type"] == "evidence"
     )
-    assert evidence == [("a", 1, 1), ("a", 2, 0), ("b", 1, 1), ("b", 2, 0)]
+    # one event per block: the stream's first SINGLE_OBSERVATION_BLOCKS values are blocks of their own
+    singles = [(m, 0, 2) for m in "ab" for _ in range(SINGLE_OBSERVATION_BLOCKS)]
+    assert evidence == sorted(singles + [("a", 1, 1), ("a", 2, 0), ("b", 1, 1), ("b", 2, 0)])
     posteriors = [e for e in events if e["type"] == "posterior"]
     assert [p["observations"] for p in posteriors] == [0, 300, 600]  # one event per move of the common count
     final = api.get("/v1/streams/s/posterior").json()

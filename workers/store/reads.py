@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.client import NEVER_DECODE
 
+from workers import comparison
 from workers.store import records
 from workers.store.errors import Conflict, NotFound, NotReady, SchemaMismatch, SeqGap
 from workers.store.keys import Keys, model_ref
@@ -150,35 +151,44 @@ async def evidence(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str, An
 
 
 async def stream_posterior(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> dict[str, Any]:
-    """Posterior model probabilities at the largest count every active model has processed."""
-    names = sorted(await r.smembers(keys.stream_models(tenant, stream)))
+    """Posterior model probabilities at the largest count every active model has processed, every model
+    scored on the observations after the stream's largest context (:mod:`workers.comparison`)."""
+    names = sorted(
+        x.decode() if isinstance(x, bytes) else x for x in await r.smembers(keys.stream_models(tenant, stream))
+    )
     pipe = r.pipeline(transaction=False)
     for m in names:
         pipe.get(keys.model(tenant, m))
-        pipe.hmget(keys.checkpoint(tenant, m), ["observations", "status"])
+        pipe.hmget(keys.checkpoint(tenant, m), ["observations", "status", "error"])
     got = await pipe.execute()
     states: dict[str, dict[str, Any]] = {}
-    priors: dict[str, float] = {}
     for i, m in enumerate(names):
-        cfg, (obs, st) = got[2 * i], got[2 * i + 1]
+        cfg, (obs, st, err) = got[2 * i], got[2 * i + 1]
         if cfg is None:
             continue
-        priors[m] = json.loads(cfg)["prior_probability"]
-        states[m] = {"observations": int(obs) if obs is not None else 0, "status": st}
+        states[m] = records.model_state(json.loads(cfg), obs, st, err)
     count = records.common_count(states)
+    context = comparison.stream_context([s["context"] for s in states.values()])
     active = [m for m in states if states[m]["status"] != "error"]
-    entries = []
-    if count == 0:
-        entries = [{"model": m, "prior_probability": priors[m], "log_evidence": 0.0} for m in active]
-    else:
+
+    async def rows_at(c: int, models: list[str]) -> dict[str, dict[str, Any] | None]:
         pipe = r.pipeline(transaction=False)
-        for m in active:
-            pipe.zrevrangebyscore(keys.trace(tenant, m), count - 1, "-inf", start=0, num=1)
-        for m, rows in zip(active, await pipe.execute(), strict=True):
-            row = records.trace_row_at(rows, count)
-            if row is not None:
-                entries.append({"model": m, "prior_probability": priors[m], "log_evidence": row["log_evidence"]})
-    return records.stream_posterior(stream, count, entries)
+        for m in models:
+            pipe.zrevrangebyscore(keys.trace(tenant, m), c - 1, "-inf", start=0, num=1)
+        return {m: records.row_covering(rows, c) for m, rows in zip(models, await pipe.execute(), strict=True)}
+
+    rows_n = await rows_at(count, active) if count > 0 else {}
+    scored = [m for m in active if (rows_n.get(m) or {}).get("observations") == count]
+    conditioned_on, rows_c = context, {}
+    while 0 < conditioned_on < count and scored:
+        rows_c = await rows_at(conditioned_on, scored)
+        nxt = comparison.next_common_count(
+            conditioned_on, {m: (x or {}).get("observations") for m, x in rows_c.items()}
+        )
+        if nxt == conditioned_on:
+            break
+        conditioned_on = count if nxt is None else nxt
+    return records.stream_posterior(stream, count, conditioned_on, records.posterior_entries(states, rows_n, rows_c))
 
 
 async def create_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str, Any], schema: dict[str, Any]) -> None:

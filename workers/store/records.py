@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from workers.comparison import model_probabilities
+from workers.comparison import aligned_entry, model_context, model_probabilities
 
 # ----- chunks in the stream log ----------------------------------------------------------------
 
@@ -106,6 +106,8 @@ def trace_row(info: Any, *, seq: int, first_index: int, block_observations: int,
         "observations": first_index + block_observations,
     }
     row.update({k: getattr(info, k) for k in BLOCK_FIELDS})
+    # Monte Carlo standard error of log_evidence (nats); 0 until the engine reports it
+    row["log_evidence_se"] = float(getattr(info, "log_evidence_se", 0.0))
     row["seconds"] = seconds
     return row
 
@@ -143,9 +145,76 @@ def common_count(states: dict[str, dict[str, Any]]) -> int:
     return min(counts) if counts else 0
 
 
-def stream_posterior(stream: str, count: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The stream posterior body; ``entries``: ``model, prior_probability, log_evidence`` at ``count``."""
-    return {"stream": stream, "observations": count, "models": model_probabilities(entries)}
+def model_state(cfg: dict[str, Any], observations: Any, status: Any, error: Any) -> dict[str, Any]:
+    """One model's part of the stream posterior from its config and checkpoint fields (bytes, str or None):
+    ``{"prior_probability", "context", "observations", "status", "error"}``; no checkpoint = ``pending``."""
+
+    def text(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else (v or "")
+
+    return {
+        "prior_probability": cfg["prior_probability"],
+        "context": model_context(cfg),
+        "observations": int(observations) if observations is not None else 0,
+        "status": (text(status) or "ok") if observations is not None else "pending",
+        "error": text(error) or None,
+    }
+
+
+def posterior_entries(
+    states: dict[str, dict[str, Any]],
+    rows_n: dict[str, dict[str, Any] | None],
+    rows_c: dict[str, dict[str, Any] | None],
+) -> list[dict[str, Any]]:
+    """The ``entries`` of :func:`stream_posterior` from :func:`model_state` values and the rows read."""
+    return [
+        {
+            "model": m,
+            **{k: st[k] for k in ("prior_probability", "status", "error")},
+            "row_n": rows_n.get(m),
+            "row_c": rows_c.get(m),
+        }
+        for m, st in states.items()
+    ]
+
+
+def stream_posterior(stream: str, count: int, conditioned_on: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stream posterior body (API.md "Model comparison"), computed the same way by the API and the worker.
+
+    ``count``: the common observation count n; ``conditioned_on``: the count c the comparison conditions
+    on (:func:`workers.comparison.next_common_count`).  ``entries``, one per model of the stream in name
+    order: ``model``, ``prior_probability``, ``status``, ``error``, ``row_n`` (its trace row ending at n,
+    None when n = 0 or the model has no result) and ``row_c`` (its row ending at c, None when c = 0).
+    A model in ``error`` is listed without a result (``probability`` null) whatever rows it has.
+    """
+    scored = []
+    for e in entries:
+        item = {k: e.get(k) for k in ("model", "prior_probability", "status", "error")}
+        row_n, row_c = e.get("row_n"), e.get("row_c")
+        at_n = count == 0 or (row_n is not None and row_n["observations"] == count)
+        at_c = (
+            conditioned_on == 0
+            or count <= conditioned_on
+            or (row_c is not None and row_c["observations"] == conditioned_on)
+        )
+        if e.get("status") != "error" and at_n and at_c:
+            item.update(aligned_entry(row_n, row_c, conditioned_on))
+        scored.append(item)
+    return {
+        "stream": stream,
+        "observations": count,
+        "conditioned_on": conditioned_on,
+        "models": model_probabilities(scored),
+    }
+
+
+def row_covering(rows: list[Any], count: int) -> dict[str, Any] | None:
+    """The trace row (from ``ZREVRANGEBYSCORE trace count-1 -inf LIMIT 0 1``) holding observation
+    ``count`` (1-based), i.e. the first row ending at or after ``count``; None if there is none."""
+    if not rows:
+        return None
+    row = json.loads(rows[0])
+    return row if row["observations"] >= count else None
 
 
 def trace_row_at(rows: list[Any], count: int) -> dict[str, Any] | None:

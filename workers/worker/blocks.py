@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engine import ModelEngine
+from workers.engine import ModelEngine, block_bounds
 from workers.quarantine import Budget
 from workers.sgais import BlockInfo
 from workers.store import records
@@ -46,9 +46,11 @@ def absorb_chunk(
     # The stream log holds the chunk as validated by the stream's schema; this model's family may lay
     # it out differently (a 1-D gmm wants y: [B, 1], an autoregressive model y: [B]).
     x, y = engine.family.validate(x, y)
-    size, out = engine.settings.block_size, []
-    for start in range(0, y.shape[0], size):
-        xb, yb = (x[start : start + size] if x is not None else None), y[start : start + size]
+    out = []
+    # blocks of block_size, except the stream's first values, one each (rows at each small count for the
+    # aligned comparison: workers.engine.block_bounds)
+    for start, stop in block_bounds(engine.observations, int(y.shape[0]), engine.settings.block_size):
+        xb, yb = (x[start:stop] if x is not None else None), y[start:stop]
         t0 = clock()
         if budget is not None:
             budget.start()

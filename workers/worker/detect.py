@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from workers import alerts as detector_lib
+from workers.engine import SINGLE_OBSERVATION_BLOCKS
 from workers.worker.blocks import Block
 
 
@@ -17,17 +18,26 @@ def detect(
     the new detector state and the alert bodies raised (``stream`` and ``model`` filled in)."""
     settings = detector_lib.AlertSettings(**cfg.get("alerts", {}))
     found: list[dict[str, Any]] = []
-    for b in blocks:
-        detector, new = detector_lib.detect(
-            detector,
-            settings,
-            {
-                "first_index": b.row["first_index"],
-                "observations": b.info.observations,
-                "log_predictive": b.info.log_predictive,
-                "annealing_steps": b.info.annealing_steps,
-            },
-        )
+    pending: dict[str, Any] | None = None
+    for i, b in enumerate(blocks):
+        part = {
+            "first_index": b.row["first_index"],
+            "observations": b.info.observations,
+            "log_predictive": b.info.log_predictive,
+            "annealing_steps": b.info.annealing_steps,
+        }
+        if pending is not None:
+            part = {
+                "first_index": pending["first_index"],
+                **{k: pending[k] + part[k] for k in ("observations", "log_predictive", "annealing_steps")},
+            }
+            pending = None
+        # the stream's first values, split into one-observation blocks (workers.engine.block_bounds), reach
+        # the detector as the one block of this chunk they were before the split
+        if b.row["observations"] < SINGLE_OBSERVATION_BLOCKS and i + 1 < len(blocks):
+            pending = part
+            continue
+        detector, new = detector_lib.detect(detector, settings, part)
         found += [{**a, "stream": stream, "model": model} for a in new]
     return detector, found
 

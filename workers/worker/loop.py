@@ -282,7 +282,8 @@ class Worker(quarantine.QuarantineHooks):
         self.posteriors.update(h, state, rows)
 
     def record_error(self, h: Held, err: Exception) -> None:
-        """Mark the model as failed (status "error" + message), publish it, release the lease."""
+        """Mark the model as failed (status "error" + message), publish it and the stream posterior without it,
+        release the lease."""
         log.error("worker %s: model %s/%s failed: %s", self.id, h.tenant, h.name, err)
         k, t = self.keys, h.tenant
         with self.r.pipeline(transaction=True) as pipe:
@@ -301,10 +302,15 @@ class Worker(quarantine.QuarantineHooks):
                         k.events(t, h.stream),
                         json.dumps({"type": "error", "model": h.name, "stream": h.stream, "error": fields["error"]}),
                     )
-                pipe.delete(k.lease(t, h.name))
                 pipe.execute()
             except redis.WatchError:
-                pass
+                return
+        # the failed model leaves the comparison: the common count may move, and the failure must show in
+        # the published posterior (with no model_switch, workers.comparison.switch_leader); then release
+        if h.cfg:
+            with contextlib.suppress(LeaseLost):
+                self.update_stream_posterior(h, self.posteriors.state(h), [])
+        self.scripts.release(h.tenant, h.name, h.token)
 
 
 def _entry_id(entry: bytes) -> tuple[int, int]:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers import alerts as detector_lib
-from workers.comparison import leader as leader_of
+from workers import comparison
 from workers.store import records
 from workers.store.commit import Scripts, StreamState
 from workers.worker.detect import alert_record
@@ -16,17 +15,17 @@ from workers.worker.leases import Held
 
 
 class StreamPosteriors:
-    """Computes and stores stream posteriors; caches the models' priors (configs are immutable while a
-    model exists, so each prior is read once; a model deleted and re-created under the same name keeps
-    its old prior here until the worker restarts)."""
+    """Computes and stores stream posteriors; caches the models' configs (immutable while a model
+    exists, so each is read once; a model deleted and re-created under the same name keeps its old config
+    here until the worker restarts)."""
 
     def __init__(self, scripts: Scripts):
         self.scripts = scripts
-        self._priors: dict[tuple[str, str, str], float] = {}  # (tenant, stream, model) -> prior_probability
+        self._configs: dict[tuple[str, str, str], dict[str, Any]] = {}  # (tenant, stream, model) -> config
 
     def known(self, h: Held) -> list[str]:
-        """Models of ``h``'s stream whose prior is cached (the scripts skip reading their configs)."""
-        return sorted({m for (t, s, m) in self._priors if (t, s) == (h.tenant, h.stream)} | {h.name})
+        """Models of ``h``'s stream whose config is cached (the scripts skip reading their configs)."""
+        return sorted({m for (t, s, m) in self._configs if (t, s) == (h.tenant, h.stream)} | {h.name})
 
     def state(self, h: Held) -> StreamState | None:
         """The stream's state when its common count differs from the leader record's (else None)."""
@@ -62,34 +61,55 @@ class StreamPosteriors:
         self, h: Held, state: StreamState, rows: list[dict[str, Any]]
     ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any] | None]:
         """Stream posterior at ``state.count``: (event body, or None if the count went down; leader record;
-        ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above)."""
+        ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above).
+        The body is :func:`workers.store.records.stream_posterior`, as the API computes it (every model scored
+        on the observations after the stream's largest context, ``conditioned_on``); the leader changes by
+        :func:`workers.comparison.switch_leader` (margin and hysteresis)."""
         t, count = h.tenant, state.count
+        r, keys = self.scripts.r, self.scripts.keys
         names = {m for m, *_ in state.models}
-        for key in [key for key in self._priors if key[:2] == (t, h.stream) and key[2] not in names]:
-            del self._priors[key]
-        states, priors, lz = {}, {}, {}
-        for m, obs, status, row, cfg in state.models:
+        for key in [key for key in self._configs if key[:2] == (t, h.stream) and key[2] not in names]:
+            del self._configs[key]
+        states, rows_n = {}, {}
+        for m, obs, status, raw_row, cfg in state.models:
             if cfg:
-                self._priors[(t, h.stream, m)] = json.loads(cfg)["prior_probability"]
-            priors[m] = h.cfg["prior_probability"] if m == h.name else self._priors[(t, h.stream, m)]
-            states[m] = {"observations": obs, "status": status}
-            if row and (found := records.trace_row_at([row], count)) is not None:
-                lz[m] = found["log_evidence"]
-        for r in rows:
-            if r["observations"] == count:
-                lz[h.name] = r["log_evidence"]
-        active = [m for m in states if states[m]["status"] != "error"]
-        if count == 0:
-            lz = {m: 0.0 for m in active}
-        entries = [{"model": m, "prior_probability": priors[m], "log_evidence": lz[m]} for m in active if m in lz]
-        posterior = records.stream_posterior(h.stream, count, entries)
-        record = {"model": leader_of(posterior["models"]), "observations": count}
+                self._configs[(t, h.stream, m)] = json.loads(cfg)
+            conf = h.cfg if m == h.name else self._configs[(t, h.stream, m)]
+            states[m] = records.model_state(conf, obs, status, None)
+            rows_n[m] = records.trace_row_at([raw_row], count) if raw_row else None
+        for row in rows:
+            if row["observations"] == count:
+                rows_n[h.name] = row
+        failed = [m for m in states if states[m]["status"] == "error"]
+        if failed:
+            pipe = r.pipeline(transaction=False)
+            for m in failed:
+                pipe.hget(keys.checkpoint(t, m), "error")
+            for m, err in zip(failed, pipe.execute(), strict=True):
+                states[m]["error"] = err.decode() if err else None
+        scored = [m for m in states if states[m]["status"] != "error" and rows_n.get(m) is not None]
+        conditioned_on = comparison.stream_context([st["context"] for st in states.values()])
+        rows_c: dict[str, dict | None] = {}
+        while 0 < conditioned_on < count and scored:  # the same search as workers.store.reads.stream_posterior
+            pipe = r.pipeline(transaction=False)
+            for m in scored:
+                pipe.zrevrangebyscore(keys.trace(t, m), conditioned_on - 1, "-inf", start=0, num=1)
+            rows_c = {
+                m: records.row_covering(got, conditioned_on) for m, got in zip(scored, pipe.execute(), strict=True)
+            }
+            ends = {m: (x or {}).get("observations") for m, x in rows_c.items()}
+            nxt = comparison.next_common_count(conditioned_on, ends)
+            if nxt == conditioned_on:
+                break
+            conditioned_on = count if nxt is None else nxt
+        entries = records.posterior_entries(states, rows_n, rows_c)
+        posterior = records.stream_posterior(h.stream, count, conditioned_on, entries)
         previous = state.previous
         if previous is not None and count < previous["observations"]:
-            return None, record, None  # a model joined the stream: the count went down
-        switch = None
-        if previous is not None and previous["model"] in states:
-            switch = detector_lib.model_switch(previous["model"], posterior["models"])
-            if switch is not None:
-                switch.update(stream=h.stream, observation_index=previous["observations"], detected_at_index=count - 1)
-        return posterior, record, switch
+            # a model joined the stream: the count went down; the leader stays
+            return None, {"model": previous["model"], "observations": count}, None
+        old = previous["model"] if previous is not None and previous["model"] in states else None
+        new_leader, switch = comparison.switch_leader(old, posterior["models"])
+        if switch is not None and previous is not None:  # a switch needs a previous leader
+            switch.update(stream=h.stream, observation_index=previous["observations"], detected_at_index=count - 1)
+        return posterior, {"model": new_leader, "observations": count}, switch
