@@ -20,6 +20,7 @@ from tests.integration.helpers import api_with_models, linear_chunks, reference_
 MODELS = {
     f"m{i}": {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 10 + i, "block_size": 100}} for i in range(3)
 }
+# Timeouts are generous (300 s): a loaded 2-core CI machine runs these 5-10x slower than a quiet one.
 # re-annealing over the whole history at 400, 800, 1,600 and 3,200 observations: long blocks (the
 # worker's heartbeat thread renews its lease meanwhile) and more state to get bit-identical
 MODELS["m3"] = {
@@ -69,13 +70,13 @@ def test_sigkilled_worker_resumes_bit_identical(api, settings):
                 assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
             posted = min(posted + 4, len(chunks))
             before = progress(api)
-            wait_until(lambda b=before, p=posted: progress(api) > b or processed(api, p), timeout=60)
+            wait_until(lambda b=before, p=posted: progress(api) > b or processed(api, p), timeout=300)
             time.sleep(float(torch.rand(1, generator=g)) * 0.3)  # a random moment, often mid-chunk
             worker.send_signal(signal.SIGKILL)
             worker.wait()
             kills += 1
             worker = start_worker(settings)
-        wait_until(lambda: processed(api, len(chunks)), timeout=90)
+        wait_until(lambda: processed(api, len(chunks)), timeout=300)
     finally:
         worker.kill()
         worker.wait()
@@ -96,7 +97,7 @@ def test_a_reannealing_longer_than_the_lease_keeps_the_lease(api, settings):
     try:
         for c in chunks:
             assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
-        wait_until(lambda: processed(api, len(chunks)), timeout=120)
+        wait_until(lambda: processed(api, len(chunks)), timeout=300)
     finally:
         worker.kill()
         worker.wait()
@@ -116,12 +117,12 @@ def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
     try:
         (first,) = linear_chunks(1, 50, seed=7)
         assert api.post("/v1/streams/t/chunks", json=first).status_code == 202
-        wait_until(lambda: api.get("/v1/models/idle/evidence").json()["chunks_processed"] == 1, timeout=60)
+        wait_until(lambda: api.get("/v1/models/idle/evidence").json()["chunks_processed"] == 1, timeout=300)
         token = r.get(keys.lease("default", "idle"))
         chunks = linear_chunks(12, 300, seed=5)
         for c in chunks:
             assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
-        wait_until(lambda: processed(api, len(chunks)), timeout=120)
+        wait_until(lambda: processed(api, len(chunks)), timeout=300)
         assert token is not None and r.get(keys.lease("default", "idle")) == token
     finally:
         worker.kill()
@@ -137,7 +138,7 @@ def test_racing_workers_apply_each_block_once(api, settings):
             assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
             if i == 5:  # one of them dies; the other must take its models over
                 workers[0].send_signal(signal.SIGKILL)
-        wait_until(lambda: processed(api, len(chunks)), timeout=90)
+        wait_until(lambda: processed(api, len(chunks)), timeout=300)
     finally:
         for w in workers:
             w.kill()
