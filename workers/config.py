@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     device: Literal["cpu", "cuda", "auto"] = Field(
         "cpu", description="default sampler.device for models that do not set one"
     )
+    metrics_key: str = Field(
+        "",
+        description="bearer key for the labelled series of the API's /metrics when api_keys are set "
+        "(without it /metrics shows only unlabelled aggregates; empty = never labelled)",
+    )
     metrics_port: int | None = Field(None, description="worker: serve Prometheus metrics on this port")
     worker_id: str | None = Field(None, description="worker: name in heartbeats and metrics (default host-pid-random)")
 

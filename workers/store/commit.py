@@ -128,6 +128,7 @@ for _ = 1, tonumber(nxt()) do
   local kind, body, event, score = nxt(), nxt(), nxt(), nxt()
   redis.call('ZADD', KEYS[4], score, body)
   redis.call('HINCRBY', KEYS[5], kind, 1)
+  redis.call('HINCRBY', KEYS[4] .. ':by_stream', cjson.decode(body)['stream'] .. '/' .. kind, 1)
   redis.call('PUBLISH', channel, event)
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -160,6 +161,7 @@ if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 if ARGV[6] ~= '' then
   redis.call('ZADD', KEYS[3], ARGV[9], ARGV[7])
   redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
+  redis.call('HINCRBY', KEYS[3] .. ':by_stream', cjson.decode(ARGV[7])['stream'] .. '/' .. ARGV[6], 1)
   redis.call('PUBLISH', ARGV[4], ARGV[8])
 end
 return 'ok'
