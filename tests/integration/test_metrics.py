@@ -16,8 +16,12 @@ SERIES = re.compile(r"^(sgais_[a-z_]+)(\{[^}]*\})? (\S+)$", re.M)
 
 
 def series(text: str, name: str) -> dict[str, float]:
-    """``{label string: value}`` of one metric in a scrape."""
-    return {labels or "": float(v) for n, labels, v in SERIES.findall(text) if n == name}
+    """``{label string: value}`` of one metric in a scrape, the labels sorted by name (``{a="1",b="2"}``)."""
+    return {_sorted(labels): float(v) for n, labels, v in SERIES.findall(text) if n == name}
+
+
+def _sorted(labels: str) -> str:
+    return "{" + ",".join(sorted(labels.strip("{}").split(","))) + "}" if labels else ""
 
 
 def create(client, name, stream, **extra):
