@@ -95,6 +95,7 @@ class _TooLarge(Exception):
 
 MODEL_LABELS = ["tenant", "stream", "model"]
 STATUSES = ("pending", "ok", "degraded", "error")  # the evidence resource's ``status`` (API.md)
+ALERT_KINDS = ("evidence_drop", "annealing_spike", "model_switch")  # API.md "Alerts"; others appear once raised
 
 
 # Read-only scripts: one reply for what would be thousands of pipelined commands (redis-py spends about
@@ -118,7 +119,7 @@ for _, ref in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     local c = cjson.decode(cfg)
     local ck = redis.call('HMGET', key(ARGV[2], t, m), 'observations', 'log_evidence', 'chunks', 'last_block', 'status')
     local steps, ess = '', ''
-    if ck[4] then
+    if ck[4] and ck[4] ~= '' then
       local last = cjson.decode(ck[4])
       steps, ess = tostring(last['annealing_steps']), tostring(last['ess'])
     end
@@ -334,14 +335,18 @@ def _model_families(
 
 
 def _stream_alerts(by_stream: dict[str, dict[str, str]], streams: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
-    """``sgais_stream_alerts_total{tenant, stream, kind}`` from the tenants' ``stream/kind`` counts; only streams
-    that have models now (a stream whose models were all deleted has no series)."""
+    """``sgais_stream_alerts_total{tenant, stream, kind}`` from the tenants' ``stream/kind`` counts, for every
+    stream that has models now (a stream whose models were all deleted has no series).  Every kind of
+    API.md starts at 0, so ``increase()`` sees a stream's first alert (a counter born at 1 shows no increase)."""
+    raised: dict[tuple[str, str], dict[str, float]] = {}
+    for tenant, fields in by_stream.items():
+        for field, count in fields.items():
+            stream, _, kind = field.rpartition("/")
+            raised.setdefault((tenant, stream), {})[kind] = float(count)
     samples = []
-    for tenant, counts in sorted(by_stream.items()):
-        for field, count in sorted(counts.items()):
-            s, _, kind = field.rpartition("/")
-            if (tenant, s) in streams:
-                samples.append((_pairs(["tenant", "stream", "kind"], (tenant, s, kind)), float(count)))
+    for tenant, s in sorted(streams):
+        counts = {**dict.fromkeys(ALERT_KINDS, 0.0), **raised.get((tenant, s), {})}
+        samples += [(_pairs(["tenant", "stream", "kind"], (tenant, s, k)), v) for k, v in sorted(counts.items())]
     return _family("sgais_stream_alerts_total", "alerts raised on a stream, by kind", "counter", samples)
 
 
