@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from service.metrics import BodyLimitMiddleware, TimingMiddleware
-from service.routes import alerts, chunks, events, evidence, models, ops
+from service.routes import alerts, chunks, events, evidence, models, ops, predictive
 from workers.config import Settings, get_settings
 
 
@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         lifespan=lifespan,
     )
     app.state.settings = settings  # what the SettingsDep dependency returns
-    for module in (models, chunks, evidence, alerts, events, ops):
+    for module in (models, chunks, evidence, alerts, events, ops, predictive):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(TimingMiddleware)
