@@ -269,6 +269,15 @@ def test_promtool_accepts_the_rules():
         bad.unlink()
 
 
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_rule_unit_tests_pass():
+    """deploy/sgais.rules.test.yml: SgaisChangePoint fires for the stream whose counter rose (not for a flat
+    one, nor once the increase left the 5-minute window); SgaisModelFailed after its minute."""
+    test_file = ROOT / "deploy" / "sgais.rules.test.yml"
+    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_rules_are_loaded_and_mounted(compose):
     config = load_yaml(PROMETHEUS_PATH)
     assert config["rule_files"] == ["sgais.rules.yml"]
