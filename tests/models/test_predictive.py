@@ -178,3 +178,27 @@ def test_same_checkpoint_same_numbers():
     a = predictive_from_bytes(data, x=None, horizon=2)
     assert a == predictive_from_bytes(data, x=None, horizon=2)
     assert len(a["steps"][0]["mean"]) == 2  # vector observations: one value per coordinate
+
+
+def test_logistic_regression_label_mean_is_the_class_probability():
+    fam = make_family("logistic_regression", {"features": 1, "classes": 2})
+    a = 1.2
+    theta = fam.space.unconstrain({"W": torch.tensor([[[0.0], [a]]]), "b": torch.zeros(1, 2)})  # one particle
+    out = predictive(fam, theta, torch.zeros(1), x=[[1.0], [0.0]], generator=torch.Generator().manual_seed(0))
+    p1 = math.exp(a) / (1 + math.exp(a))
+    for step, p in zip(out["steps"], (p1, 0.5), strict=True):
+        se = math.sqrt(p * (1 - p) / out["draws"])
+        assert abs(step["mean"] - p) < 4 * se and step["q05"] in (0.0, 1.0) and step["q95"] == 1.0
+
+
+def test_bnn_gaussian_with_zero_weights_is_noise_around_the_output_bias():
+    fam = make_family("bnn", {"features": 2, "hidden": [3], "outputs": 1, "noise_std": 0.5})
+    values = {s.name: torch.zeros(1, *s.shape, dtype=torch.float64) for s in fam.space.specs}
+    last_bias = [s.name for s in fam.space.specs][-1]
+    values[last_bias] = torch.full((1, 1), 2.0, dtype=torch.float64)
+    theta = fam.space.unconstrain(values)
+    out = predictive(fam, theta, torch.zeros(1), x=[[0.3, -1.0]], generator=torch.Generator().manual_seed(0))
+    (s,) = out["steps"]
+    n = out["draws"]
+    assert abs(s["mean"] - 2.0) < 4 * 0.5 / math.sqrt(n) and abs(s["std"] / 0.5 - 1) < 4 / math.sqrt(2 * n)
+    assert s["q95"] - s["q05"] == pytest.approx(2 * 1.6449 * 0.5, rel=0.03)
