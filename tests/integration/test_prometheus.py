@@ -82,7 +82,7 @@ def sgais(request, redis_url, key_prefix, tmp_path):
         SGAIS_API_KEYS=f"t1={API_KEY}",
         SGAIS_METRICS_KEY=METRICS_KEY,
         SGAIS_HEARTBEAT_SECONDS="0.5",
-        SGAIS_LEASE_TTL_SECONDS="5",
+        SGAIS_LEASE_TTL_SECONDS="120",  # the re-annealing block after the shift may be long on a loaded machine
         OMP_NUM_THREADS="1",
     )
     cli = [sys.executable, "-c", "from service.cli import app; app()"]
