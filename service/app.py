@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from service import errors
 from service.metrics import BodyLimitMiddleware, TimingMiddleware
-from service.routes import alerts, chunks, events, evidence, models, ops, streams
+from service.routes import alerts, chunks, events, evidence, models, ops, predictive, streams
 from service.unavailable import OPENAPI_ERRORS, AllowHeaderMiddleware, api_redis
 from service.unavailable import install as install_unavailable
 from workers.config import Settings, get_settings
@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     )
     app.state.settings = settings  # what the SettingsDep dependency returns
     errors.install(app)  # the store's domain errors -> 404 / 409 / 422
-    for module in (models, chunks, evidence, alerts, events, ops, streams):
+    for module in (models, chunks, evidence, alerts, events, ops, predictive, streams):
         app.include_router(module.router, responses=OPENAPI_ERRORS.get(module.__name__.rsplit(".", 1)[-1]))
     install_unavailable(app)  # Redis errors -> 503 + Retry-After (issue 11)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

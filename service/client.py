@@ -195,6 +195,14 @@ class SgaisClient:
     def posterior(self, model: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/models/{model}/posterior")
 
+    def predictive(self, model: str, *, horizon: int = 1, x: list[list[float]] | None = None) -> dict[str, Any]:
+        """Posterior predictive of the next ``horizon`` observations, or of one observation per covariate row
+        ``x`` (regression families): ``{"model", "stream", "observations", "horizon", "draws", "steps": [{"step",
+        "mean", "std", "q05", "q95", "mean_se"}]}``."""
+        if x is not None:
+            return self._json("POST", f"/v1/models/{model}/predictive", json={"x": x})
+        return self._json("GET", f"/v1/models/{model}/predictive", params={"horizon": horizon})
+
     def stream_posterior(self, stream: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/streams/{stream}/posterior")
 

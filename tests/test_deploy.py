@@ -50,6 +50,9 @@ METRICS = {
     "sgais_observations_ingested_total",
     "sgais_http_request_seconds",
     "sgais_worker_leases",
+    "sgais_model_status",
+    "sgais_models",
+    "sgais_stream_alerts_total",
 }
 # Exported by the workers' own /metrics (workers/runner.py) beyond the contract above.
 WORKER_METRICS = {"sgais_worker_observations_total"}
@@ -248,6 +251,46 @@ def test_promtool_accepts_the_config():
 # --------------------------------------------------------------------------- Grafana
 
 
+RULES_PATH = ROOT / "deploy" / "sgais.rules.yml"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_accepts_the_rules():
+    result = subprocess.run(["promtool", "check", "rules", str(RULES_PATH)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = RULES_PATH.read_text().replace(
+        "sum by (tenant, stream) (increase(", "sum by (tenant, stream) (increase((", 1
+    )
+    bad = ROOT / "deploy" / ".broken.rules.yml"
+    try:
+        bad.write_text(broken)
+        assert subprocess.run(["promtool", "check", "rules", str(bad)], capture_output=True).returncode != 0
+    finally:
+        bad.unlink()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_rule_unit_tests_pass():
+    """deploy/sgais.rules.test.yml: SgaisChangePoint fires for the stream whose counter rose (not for a flat
+    one, nor once the increase left the 5-minute window); SgaisModelFailed after its minute."""
+    test_file = ROOT / "deploy" / "sgais.rules.test.yml"
+    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rules_are_loaded_and_mounted(compose):
+    config = load_yaml(PROMETHEUS_PATH)
+    assert config["rule_files"] == ["sgais.rules.yml"]
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert "./deploy/sgais.rules.yml:/etc/prometheus/sgais.rules.yml:ro" in mounts
+    rules = [r for g in load_yaml(RULES_PATH)["groups"] for r in g["rules"]]
+    change = next(r for r in rules if r.get("alert") == "SgaisChangePoint")
+    assert "by (tenant, stream)" in change["expr"] and "sgais_stream_alerts_total" in change["expr"]
+    for r in rules:
+        unknown = [m for m in METRIC_RE.findall(r["expr"]) if metric_family(m) is None]
+        assert not unknown, (r["expr"], unknown)
+
+
 def test_grafana_provisioning_matches_compose(compose, datasource):
     assert datasource["type"] == "prometheus" and datasource["uid"] == "prometheus"
     assert datasource["url"] == "http://prometheus:9090"
@@ -410,3 +453,73 @@ def test_vendored_schema_is_the_one_in_docker_compose():
 def test_hadolint_accepts_the_dockerfile():
     result = subprocess.run(["hadolint", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# Keys the Grafana foundation SDK's dashboard schema leaves to the datasource plugin or the UI (they are
+# legitimate Grafana JSON but not part of the typed schema): Prometheus annotation queries, the query
+# text of a templating variable, the built-in annotation marker, repeat layout.
+SDK_UNTYPED = {
+    "/annotations/list/builtIn",
+    "/annotations/list/step",
+    "/annotations/list/titleFormat",
+    "/annotations/list/textFormat",
+    "/annotations/list/useValueForTime",
+    "/templating/list/definition",
+    "/panels/maxPerRow",
+}
+
+
+def sdk_lost_keys(dashboard: dict) -> set[str]:
+    """Paths (list indices dropped) of the keys that do not survive a decode/encode round trip through the
+    typed models of ``grafana-foundation-sdk`` (Grafana Labs' schema types, panel options per plugin)."""
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    plugins.register_default_plugins()  # panel options and field config decoded by each panel plugin's types
+    out = json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder))
+    lost: set[str] = set()
+
+    def walk(a, b, path):
+        if isinstance(a, dict):
+            assert isinstance(b, dict), (path, b)
+            for k, v in a.items():
+                if k not in b:
+                    lost.add(f"{path}/{k}")
+                else:
+                    walk(v, b[k], f"{path}/{k}")
+        elif isinstance(a, list):
+            assert isinstance(b, list) and len(a) == len(b), path
+            for x, y in zip(a, b, strict=True):
+                walk(x, y, path)
+        else:
+            assert a == b, (path, a, b)
+
+    walk(dashboard, out, "")
+    return lost
+
+
+def test_dashboard_validates_with_the_grafana_foundation_sdk(dashboard):
+    pytest.importorskip("grafana_foundation_sdk", reason="pip install grafana-foundation-sdk (test extra)")
+    from grafana_foundation_sdk.cog import runtime
+
+    assert sdk_lost_keys(dashboard) <= SDK_UNTYPED
+    types = {p["type"] for p in dashboard["panels"]} - {"row"}
+    assert types <= set(runtime.Runtime().panelcfg_variants), types  # every panel type is a known plugin
+    # the check sees a misspelt key and a wrong panel option
+    broken = json.loads(json.dumps(dashboard))
+    broken["panels"][1]["gridPoss"] = broken["panels"][1].pop("gridPos")
+    broken["panels"][1]["options"]["legendd"] = {}
+    assert {"/panels/gridPoss", "/panels/options/legendd"} <= sdk_lost_keys(broken)
+
+
+def test_dashboard_has_stream_alert_and_model_status_panels(dashboard):
+    by_title = {p["title"]: p for p in dashboard["panels"]}
+    alerts = by_title["Change-point alerts per stream"]
+    assert all("by (tenant, stream, kind)" in t["expr"] for t in alerts["targets"])
+    status = by_title["Model status"]
+    assert status["type"] == "state-timeline" and "sgais_model_status" in status["targets"][0]["expr"]
+    texts = {m["options"][k]["text"] for m in status["fieldConfig"]["defaults"]["mappings"] for k in m["options"]}
+    assert texts == {"pending", "ok", "degraded", "error"}
+    annotation = next(a for a in dashboard["annotations"]["list"] if "expr" in a)
+    assert "sgais_stream_alerts_total" in annotation["expr"] and "stream" in annotation["titleFormat"]

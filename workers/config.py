@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     ws_queue_size: int = Field(
         256, ge=1, description="API: events queued per WebSocket; on overflow the socket gets a gap event"
     )
+    metrics_key: str = Field(
+        "",
+        description="bearer key for the labelled series of the API's /metrics when api_keys are set "
+        "(without it /metrics shows only unlabelled aggregates; empty = never labelled)",
+    )
     metrics_port: int | None = Field(None, description="worker: serve Prometheus metrics on this port")
     # issue 11: quarantine, block budget, supervision (workers/quarantine.py, workers/supervisor.py)
     max_block_attempts: int = Field(

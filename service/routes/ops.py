@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import secrets
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, HTTPException, Response, status
 
 from service.deps import KeysDep, RedisDep, SettingsDep
 from service.metrics import redis_metrics
@@ -39,9 +40,28 @@ async def readyz(r: RedisDep, keys: KeysDep, settings: SettingsDep, response: Re
     "/metrics",
     response_class=Response,
     response_model=None,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+        401: {"description": "an Authorization header that is not the metrics key"},
+    },
 )
-async def metrics(r: RedisDep, keys: KeysDep, settings: SettingsDep) -> Response:
-    """Prometheus metrics (text format 0.0.4)."""
-    body = await redis_metrics(r, keys, settings.heartbeat_seconds)
+async def metrics(
+    r: RedisDep, keys: KeysDep, settings: SettingsDep, authorization: Annotated[str | None, Header()] = None
+) -> Response:
+    """Prometheus metrics (text format 0.0.4).
+
+    With API keys configured, the series that name tenants, streams or models are exported only to
+    ``Authorization: Bearer <SGAIS_METRICS_KEY>``; without a header only unlabelled aggregates; any
+    other header is 401 (a misconfigured scraper shows as down instead of silently losing series).
+    """
+    labelled = True
+    if settings.api_keys.strip():
+        expected = f"Bearer {settings.metrics_key}"
+        if authorization is None:
+            labelled = False
+        elif not settings.metrics_key or not secrets.compare_digest(authorization.encode(), expected.encode()):
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED, "wrong metrics key", headers={"WWW-Authenticate": "Bearer"}
+            )
+    body = await redis_metrics(r, keys, settings.heartbeat_seconds, labelled=labelled)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

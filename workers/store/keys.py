@@ -19,6 +19,7 @@ key                                    type        contents
                                                    from ``state`` when the API is asked for it)
 ``P:T:trace:{m}``                      zset        trace rows (JSON) scored by ``first_index``
 ``P:T:alerts``                         zset        alert JSON scored by creation time (ms)
+``P:T:alerts:by_stream``               hash        ``stream/kind`` -> count (``sgais_alerts_total{stream, kind}``)
 ``P:T:lease:{m}``                      string      lease token of the worker holding the model (PX TTL)
 ``P:T:events:{s}``                     channel     live events of a stream
 ``P:workers``                          zset        worker id -> last heartbeat (unix seconds)
@@ -105,6 +106,10 @@ class Keys:
 
     def alerts(self, tenant: str) -> str:
         return f"{self.prefix}:{tenant}:alerts"
+
+    def alerts_by_stream(self, tenant: str) -> str:
+        """Alert counts of the tenant by ``stream/kind`` (written by the commit scripts as ``alerts + ':by_stream'``)."""
+        return f"{self.prefix}:{tenant}:alerts:by_stream"
 
     def lease(self, tenant: str, model: str) -> str:
         return f"{self.prefix}:{tenant}:lease:{model}"

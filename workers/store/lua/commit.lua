@@ -49,6 +49,7 @@ for _ = 1, tonumber(nxt()) do
   local kind, body, event, score = nxt(), nxt(), nxt(), nxt()
   redis.call('ZADD', KEYS[4], score, body)
   redis.call('HINCRBY', KEYS[5], kind, 1)
+  redis.call('HINCRBY', KEYS[4] .. ':by_stream', cjson.decode(body)['stream'] .. '/' .. kind, 1)
   redis.call('PUBLISH', channel, event)
 end
 redis.call('PEXPIRE', KEYS[1], ttl)

@@ -9,6 +9,7 @@ if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 if ARGV[6] ~= '' then
   redis.call('ZADD', KEYS[3], ARGV[9], ARGV[7])
   redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
+  redis.call('HINCRBY', KEYS[3] .. ':by_stream', cjson.decode(ARGV[7])['stream'] .. '/' .. ARGV[6], 1)
   redis.call('PUBLISH', ARGV[4], ARGV[8])
 end
 return 'ok'
