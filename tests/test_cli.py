@@ -329,7 +329,8 @@ def test_export_and_plot(url, tmp_path):
     assert r.exit_code == 0, r.output
     rows = list(csv_mod.DictReader(out.open()))
     evidence = [x for x in rows if x["record"] == "evidence"]
-    assert len(evidence) == sum(len(t) for t in traces.values()) == 12  # 6 blocks of 10 per model
+    # 6 blocks of 10 per model, the first split 1 + 1 + 8 (workers.engine.SINGLE_OBSERVATION_BLOCKS)
+    assert len(evidence) == sum(len(t) for t in traces.values()) == 16
     by = {(x["model"], int(x["observations"])): x for x in evidence}
     for m, trace in traces.items():
         for t in trace:
