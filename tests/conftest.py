@@ -61,6 +61,9 @@ def settings(redis_url, key_prefix):
         heartbeat_seconds=0.2,
         poll_seconds=0.1,
         api_keys="",
+        # the API's Redis timeout (production default 0.5 s, for a prompt 503 while Redis is down) as before
+        # issue 11, so that a loaded CI machine's slow Redis replies do not turn into 503s in unrelated tests
+        api_redis_timeout_seconds=5.0,
     )
 
 

@@ -472,3 +472,31 @@ def test_large_bodies_are_parsed_in_the_parsing_process(hardened, settings):
         msg = ws.receive_json()
         assert msg["type"] == "ack" and msg["seq"] == 3 and msg["first_index"] == 1 + rows, msg
     assert hardened.get("/v1/streams/s").json()["observations"] == 1 + 2 * rows
+
+
+def test_redis_unreachable_is_503_with_retry_after(settings):
+    """Nothing listens on the port: every route is 503 + Retry-After (was 500), the WebSocket handshake
+    too, /readyz 503.  (Redis frozen and killed under a live server: tests/integration/test_faults.py.)"""
+    import socket
+
+    from starlette.testclient import WebSocketDenialResponse
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again when the block ends: connections are refused
+    s = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0", "api_redis_timeout_seconds": 0.5})
+    with TestClient(create_app(s, workers=0)) as c:
+        for method, path, body in [
+            ("GET", "/v1/models", None),
+            ("POST", "/v1/models", {"name": "m", **SMALL_MODEL}),
+            ("GET", "/v1/models/m/evidence", None),
+            ("POST", "/v1/streams/s/chunks", {"x": [[1, 2]], "y": [1]}),
+            ("DELETE", "/v1/streams/s", None),
+            ("GET", "/v1/alerts", None),
+        ]:
+            res = c.request(method, path, json=body)
+            assert res.status_code == 503 and res.headers["retry-after"] == "1", (path, res.text)
+        assert c.get("/readyz").status_code == 503
+        with pytest.raises(WebSocketDenialResponse) as err, c.websocket_connect("/v1/streams/s/events"):
+            pass
+        assert err.value.status_code == 503 and err.value.headers["retry-after"] == "1"

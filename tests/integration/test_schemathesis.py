@@ -39,7 +39,13 @@ def _redis_url() -> str:
     return f"unix://{server.socket_file}"
 
 
-SETTINGS = Settings(redis_url=_redis_url(), key_prefix=PREFIX, api_keys="alpha=ka", heartbeat_seconds=3600)
+SETTINGS = Settings(
+    redis_url=_redis_url(),
+    key_prefix=PREFIX,
+    api_keys="alpha=ka",
+    heartbeat_seconds=3600,
+    api_redis_timeout_seconds=5.0,
+)
 APP = create_app(SETTINGS, workers=0)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
