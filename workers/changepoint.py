@@ -108,7 +108,7 @@ def baseline(values: list[float], rows: list[int], floor: float) -> tuple[float,
     floored at ``floor`` (as :func:`workers.alerts._baseline`).
     """
     med = statistics.median(values)
-    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows))
+    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True))
     return med, max(_MAD_TO_SD * mad, floor)
 
 

@@ -176,7 +176,7 @@ class SegmentedEngine:
         lbfs = [c.base + c.engine.log_evidence - lz for c in self.challengers]
         _, probs = cp.posterior(lbfs, self.cp.hazard)
         since = -math.inf if self.cp.window is None else last + 1 - self.cp.window
-        p_change = sum(p for c, p in zip(self.challengers, probs) if c.start >= since)
+        p_change = sum(p for c, p in zip(self.challengers, probs, strict=True) if c.start >= since)
         eligible = [i for i, c in enumerate(self.challengers) if c.absorbed >= self.cp.min_age and c.start >= since]
         p_confirm = sum(probs[i] for i in eligible)
         self.last_block = {"change_probability": p_change, "change_point": False, "challengers": len(lbfs)}
@@ -249,7 +249,7 @@ class SegmentedEngine:
                     "bases": [[s, v] for s, v in c.bases.items()],
                     "size": len(b),
                 }
-                for c, b in zip(self.challengers, blobs)
+                for c, b in zip(self.challengers, blobs, strict=True)
             ],
         }
         head = json.dumps(header).encode()
