@@ -39,6 +39,7 @@ from workers import alerts as detector_lib
 from workers.comparison import leader as leader_of
 from workers.config import Settings, get_settings
 from workers.engine import ModelEngine
+from workers.segmented import SegmentedEngine
 from workers.sgais import NumericalError
 from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
@@ -71,7 +72,7 @@ class Held:
     name: str
     token: str
     cfg: dict[str, Any] = field(default_factory=dict)
-    engine: ModelEngine | None = None
+    engine: ModelEngine | SegmentedEngine | None = None  # SegmentedEngine: main engine + challengers (issue 12)
     cursor: bytes = b"0-0"  # id of the last applied stream-log entry
     chunks: int = 0
     detector: dict[str, Any] = field(default_factory=dict)
@@ -251,12 +252,17 @@ class Worker:
         if b"state" in ckpt:
             h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
             h.detector = json.loads(ckpt[b"detector"])
-            h.engine = ModelEngine.from_bytes(ckpt[b"state"], history_blocks=self.replay(h))
+            # issue 12: the main engine plus its change-point challengers (field absent in older checkpoints)
+            h.engine = SegmentedEngine.restore(
+                ckpt[b"state"], ckpt.get(b"changepoint"), _changepoint_settings(h.cfg), lambda: self.replay(h)
+            )
             # a worker killed between a commit and its stream-posterior update left that update undone
             state = self.scripts.stream_state(tenant=h.tenant, stream=h.stream, known=self._known(h))
             self.update_stream_posterior(h, state, [])
         else:
-            h.engine = ModelEngine(h.cfg["family"], h.cfg["params"], h.cfg["sampler"])
+            h.engine = SegmentedEngine.create(
+                h.cfg["family"], h.cfg["params"], h.cfg["sampler"], _changepoint_settings(h.cfg)
+            )
             h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
             self.commit(h, b"0-0", 0, [], [])
         return True
@@ -315,6 +321,7 @@ class Worker:
                 "guard_tripped": info.guard_tripped,
                 "reannealed": info.reannealed,
                 "seconds": seconds,
+                **_change_fields(h.engine),  # issue 12: change_probability, change_point
             }
             rows.append(row)
             h.detector, new = detector_lib.detect(
@@ -328,6 +335,8 @@ class Worker:
                 },
             )
             found += [{**a, "stream": h.stream, "model": h.name} for a in new]
+            if isinstance(h.engine, SegmentedEngine):  # issue 12: change_point alerts of the challengers
+                found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
         self.commit(h, entry_id, seq, rows, found)
         OBSERVATIONS.inc(n)
         for row in rows:
@@ -356,6 +365,8 @@ class Worker:
             "status": "ok",
             "error": "",
         }
+        if isinstance(eng, SegmentedEngine):  # issue 12: challengers and segment bookkeeping
+            ckpt["changepoint"] = eng.changepoint_bytes()
         events = []
         for i, row in enumerate(rows):
             chunks = seq if i == len(rows) - 1 else seq - 1
@@ -483,6 +494,19 @@ class Worker:
                 pipe.execute()
             except redis.WatchError:
                 pass
+
+
+def _changepoint_settings(cfg: dict[str, Any]):
+    """The model's change-point settings (``alerts.change_point``, issue 12)."""
+    return detector_lib.AlertSettings(**cfg.get("alerts", {})).change_point
+
+
+def _change_fields(engine: Any) -> dict[str, Any]:
+    """Trace-row fields of the change posterior after the latest block (issue 12); none without challengers."""
+    block = getattr(engine, "last_block", None)
+    if not block:
+        return {}
+    return {"change_probability": block["change_probability"], "change_point": block["change_point"]}
 
 
 def _alert(a: dict[str, Any]) -> dict[str, Any]:

@@ -161,6 +161,8 @@ class SegmentedEngine:
         lz = self.main.log_evidence
         before = {c.start: c.engine.log_evidence for c in self.challengers}
         for c in self.challengers:
+            if heartbeat is not None:  # the worker renews its leases between engines (a block each)
+                heartbeat()
             c.engine.update(xb, yb, validated=True, heartbeat=heartbeat)
             c.absorbed += n
         rows = info.observations
@@ -169,6 +171,8 @@ class SegmentedEngine:
         due = first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first)
         spawned = None
         if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
+            if heartbeat is not None:
+                heartbeat()
             self.challengers.append(self._spawn(first, xb, yb, lz_prev, before, heartbeat))
             spawned = len(self.challengers) - 1
         self._remember_context(xb, yb)
