@@ -82,7 +82,7 @@ def test_detects_a_mean_shift_and_restarts_bit_identically():
         first, a1, p1 = run(y, sampler, 10, stop=stop)
         assert stop < 200 or first.skipped > 0  # after the change the main population is the challenger's
         blob, extra = first.to_bytes(include_history=False), first.changepoint_bytes()
-        restored = SegmentedEngine.restore(blob, extra, cp.ChangepointSettings(), lambda: iter([(None, y[:stop])]))
+        restored = SegmentedEngine.restore(blob, extra, cp.ChangepointSettings(), lambda s=stop: iter([(None, y[:s])]))
         assert len(restored.challengers) == len(first.challengers)
         a2, p2 = [], []
         for k in range(stop, 300, 10):
