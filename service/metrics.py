@@ -107,6 +107,8 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float)
         "pending": _gauge("sgais_chunks_pending", "chunks of the stream not yet absorbed by the model"),
         "steps": _gauge("sgais_annealing_steps", "annealing steps of the last block"),
         "ess": _gauge("sgais_ess", "ESS of the particles after the last block (particles)"),
+        # issue 12: the change posterior of the last block (workers/segmented.py)
+        "cp": _gauge("sgais_change_probability", "posterior probability of a change in the current segment"),
     }
     streams: dict[tuple[str, str], int] = {}
     for i, ref in enumerate(refs):
@@ -128,6 +130,8 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float)
             block = json.loads(last)
             g["steps"].add_metric(labels, block["annealing_steps"])
             g["ess"].add_metric(labels, block["ess"])
+            if block.get("change_probability") is not None:
+                g["cp"].add_metric(labels, block["change_probability"])
     for tenant, s in streams:
         post = await store.stream_posterior(r, keys, tenant, s)
         for entry in post["models"]:
