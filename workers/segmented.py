@@ -85,6 +85,7 @@ class SegmentedEngine:
         self.context: list[list[Any]] = []  # the last context_size stream rows [x, y] (x None w/o covariates)
         self.last_block: dict[str, Any] = {}  # change_probability etc. of the latest block
         self.pending: list[dict[str, Any]] = []  # alerts raised since take_alerts
+        self.started = 0  # challengers started so far (Ville's bound: expected false alarms ≤ started·ρ(1−c)/c)
 
     @classmethod
     def create(cls, family: str, params: dict, sampler: dict, settings: cp.ChangepointSettings | None = None):
@@ -174,6 +175,7 @@ class SegmentedEngine:
             if heartbeat is not None:
                 heartbeat()
             self.challengers.append(self._spawn(first, xb, yb, lz_prev, before, heartbeat))
+            self.started += 1
             spawned = len(self.challengers) - 1
         self._remember_context(xb, yb)
         cp.push_baseline(self.state, self.cp, value, rows)
@@ -243,6 +245,7 @@ class SegmentedEngine:
             "state": self.state,
             "context": self.context,
             "last_block": self.last_block,
+            "started": self.started,
             "challengers": [
                 {
                     "start": c.start,
@@ -286,6 +289,7 @@ class SegmentedEngine:
         self = cls(main, settings)
         self.seed, self.skipped, self.offset = header["seed"], header["skipped"], header["offset"]
         self.state, self.context, self.last_block = header["state"], header["context"], header["last_block"]
+        self.started = header.get("started", 0)
         pos = 8 + n
         for c in header["challengers"]:
             blob = changepoints[pos : pos + c["size"]]
