@@ -117,7 +117,11 @@ def run_model(parts: list[tuple[str, dict]], z: np.ndarray, sampler: dict, cps: 
     return traces
 
 
-def compute_traces(block: int, sampler_extra: dict, refresh: bool, score_only: bool = False) -> dict:
+def compute_traces(
+    block: int, sampler_extra: dict, refresh: bool, score_only: bool = False, names: list[str] | None = None
+) -> dict:
+    """Traces of every series (or ``names``), cached one file per series (so series can run in parallel
+    processes: ``--series``); ``score_only`` loads whatever is cached."""
     sampler = {
         "block_size": block,
         "particles": 10,
@@ -128,38 +132,33 @@ def compute_traces(block: int, sampler_extra: dict, refresh: bool, score_only: b
         **sampler_extra,
     }
     key = hashlib.sha1(json.dumps({**sampler, "challengers": 1}, sort_keys=True).encode()).hexdigest()[:10]
-    path = OUT / f"changepoint_traces_{key}.json"
-    if path.exists() and not refresh:
-        return json.loads(path.read_text())
-    if score_only:
-        return json.loads(path.with_suffix(".partial.json").read_text())
+    out: dict = {"sampler": sampler, "series": {}}
+    legacy = OUT / f"changepoint_traces_{key}.partial.json"  # all series in one file (earlier runs)
+    if legacy.exists() and not refresh:
+        out["series"].update(json.loads(legacy.read_text())["series"])
     torch.set_num_threads(1)
-    out = {"sampler": sampler, "series": {}}
-    partial = path.with_suffix(".partial.json")
-    if partial.exists() and not refresh:
-        out = json.loads(partial.read_text())
     OUT.mkdir(exist_ok=True)
-    for name in ALL_SERIES:
-        if name in out["series"]:
+    for name in names or ALL_SERIES:
+        path = OUT / f"changepoint_traces_{key}_{name}.json"
+        if path.exists() and not refresh:
+            out["series"][name] = json.loads(path.read_text())
+            continue
+        if score_only or (name in out["series"] and not refresh):
             continue
         s = series(name)
         z = s.standardised()
-        out["series"][name] = {}
+        res = {}
         for model, parts in model_specs(z.shape[1]).items():
             t0 = time.perf_counter()
             traces = run_model(parts, z, sampler)
-            out["series"][name][model] = {
+            res[model] = {
                 "traces": traces,
                 "seconds": time.perf_counter() - t0,
                 "log_evidence": sum(t[-1]["log_evidence"] for t in traces),
             }
-            print(
-                f"  {name:18s} {model:5s} log Z={out['series'][name][model]['log_evidence']:10.2f} "
-                f"({out['series'][name][model]['seconds']:.1f} s)",
-                flush=True,
-            )
-        partial.write_text(json.dumps(out))
-    path.write_text(json.dumps(out))
+            print(f"  {name:18s} {model:5s} log Z={res[model]['log_evidence']:10.2f} ({res[model]['seconds']:.1f} s)")
+        path.write_text(json.dumps(res))
+        out["series"][name] = res
     return out
 
 
@@ -267,9 +266,11 @@ def main() -> None:
     ap.add_argument("--refresh", action="store_true", help="re-run SGAIS even if traces are cached")
     ap.add_argument("--settings", default="{}", help="AlertSettings overrides as JSON")
     ap.add_argument("--score-only", action="store_true", help="score the cached (possibly partial) traces, run nothing")
+    ap.add_argument("--series", default=None, help="comma-separated series to run (default: all, then score)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    data = compute_traces(args.block, {}, args.refresh, score_only=args.score_only)
+    names = args.series.split(",") if args.series else None
+    data = compute_traces(args.block, {}, args.refresh, score_only=args.score_only, names=names)
     settings = alerts.AlertSettings(**json.loads(args.settings))
     print(f"block={args.block} sampler={data['sampler']} alerts={settings.model_dump()}")
     score(data, settings)
