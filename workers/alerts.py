@@ -66,7 +66,7 @@ class AlertSettings(BaseModel):
     spike_min_steps: int = Field(5, ge=2, description="and at least this many annealing steps")
     spike_window: int = Field(20, ge=3, description="blocks in the recent median of annealing steps")
     change_point: ChangepointSettings = Field(
-        default_factory=ChangepointSettings,
+        default_factory=lambda: ChangepointSettings.model_validate({}),
         description="Bayesian change points from challenger evidences (workers/changepoint.py): hazard, threshold, ...",
     )
 

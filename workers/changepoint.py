@@ -143,7 +143,7 @@ def grid_due(state: dict[str, Any], settings: ChangepointSettings, first: int) -
 
 def initial_state(segment_start: int = 0, settings: ChangepointSettings | None = None) -> dict[str, Any]:
     """The JSON-able candidate-rule state of a segment starting at ``segment_start``."""
-    first = (settings or ChangepointSettings()).grid_first
+    first = (settings or ChangepointSettings.model_validate({})).grid_first
     return {"segment_start": segment_start, "segment_blocks": 0, "values": [], "rows": [], "next_grid": first}
 
 

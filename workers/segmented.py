@@ -76,7 +76,7 @@ class SegmentedEngine:
 
     def __init__(self, main: ModelEngine, settings: cp.ChangepointSettings | None = None):
         self.main = main
-        self.cp = settings or cp.ChangepointSettings()
+        self.cp = settings or cp.ChangepointSettings.model_validate({})
         self.seed = main.settings.seed  # the model's seed (challenger seeds derive from it)
         self.skipped = 0  # stream values before the main engine's first absorbed one
         self.offset = 0.0  # log-evidence of the stream before the current segment (nats)
