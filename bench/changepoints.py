@@ -33,7 +33,31 @@ from tcpd_metrics import covering, f1_score  # noqa: E402
 
 from service.datasets import SERIES, load_series  # noqa: E402
 from workers import alerts  # noqa: E402
-from workers.engine import ModelEngine  # noqa: E402
+from workers.changepoint import ChangepointSettings  # noqa: E402
+from workers.segmented import SegmentedEngine  # noqa: E402
+
+NILE = "Nile"
+
+
+class _Nile:
+    """The Nile annual flows 1871-1970 (statsmodels ``nile``); the Aswan dam of 1898 = index 28."""
+
+    def __init__(self):
+        from statsmodels.datasets import nile
+
+        self.values = nile.load().data["volume"].to_numpy(float)[:, None]
+        self.n = len(self.values)
+        self.annotations = {"dam": [28]}
+
+    def standardised(self) -> np.ndarray:
+        return (self.values - self.values.mean(0)) / self.values.std(0)
+
+
+def series(name: str):
+    return _Nile() if name == NILE else load_series(name)
+
+
+ALL_SERIES = [*SERIES, NILE]
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -54,34 +78,50 @@ def model_specs(d: int) -> dict[str, list[tuple[str, dict]]]:
     }
 
 
-def run_model(parts: list[tuple[str, dict]], z: np.ndarray, sampler: dict) -> list[list[dict]]:
-    """Run each part on its column (or all columns when there is one part for d > 1): trace rows per part."""
+def run_model(parts: list[tuple[str, dict]], z: np.ndarray, sampler: dict, cps: dict | None = None) -> list[list[dict]]:
+    """Run each part on its column (or all columns when there is one part for d > 1): trace rows per part.
+
+    Each part is a :class:`SegmentedEngine` (main engine + challengers, change-point defaults unless
+    ``cps``) fed one block at a time as the worker does; a row carries the ``change_point`` alerts
+    raised after its block (online: nothing is revised later)."""
     traces = []
     for j, (family, params) in enumerate(parts):
         if family == "gmm":
             y = z.tolist() if z.shape[1] > 1 else z[:, 0].tolist()
         else:
             y = z[:, j].tolist()
-        eng = ModelEngine(family, params, sampler)
+        eng = SegmentedEngine.create(family, params, sampler, ChangepointSettings(**(cps or {})))
         rows = []
-        for k, info in enumerate(eng.update(None, y)):
+        b = sampler["block_size"]
+        for k in range(0, len(y), b):
+            t0 = time.perf_counter()
+            (info,) = eng.update(None, y[k : k + b])
+            found = eng.take_alerts()
             # blocks cut the stream every block_size values; `observations` counts the rows that
             # entered the likelihood (an AR model conditions on its first `order` values)
             rows.append(
                 {
-                    "first_index": k * sampler["block_size"],
+                    "first_index": k,
                     "observations": info.observations,
                     "log_predictive": info.log_predictive,
                     "annealing_steps": info.annealing_steps,
                     "ess": info.ess,
                     "log_evidence": info.log_evidence,
+                    "change_probability": eng.last_block.get("change_probability"),
+                    "challengers": eng.last_block.get("challengers", 0),
+                    "alerts": found,
+                    "seconds": time.perf_counter() - t0,
                 }
             )
         traces.append(rows)
     return traces
 
 
-def compute_traces(block: int, sampler_extra: dict, refresh: bool, score_only: bool = False) -> dict:
+def compute_traces(
+    block: int, sampler_extra: dict, refresh: bool, score_only: bool = False, names: list[str] | None = None
+) -> dict:
+    """Traces of every series (or ``names``), cached one file per series (so series can run in parallel
+    processes: ``--series``); ``score_only`` loads whatever is cached."""
     sampler = {
         "block_size": block,
         "particles": 10,
@@ -91,39 +131,34 @@ def compute_traces(block: int, sampler_extra: dict, refresh: bool, score_only: b
         "seed": 0,
         **sampler_extra,
     }
-    key = hashlib.sha1(json.dumps(sampler, sort_keys=True).encode()).hexdigest()[:10]
-    path = OUT / f"changepoint_traces_{key}.json"
-    if path.exists() and not refresh:
-        return json.loads(path.read_text())
-    if score_only:
-        return json.loads(path.with_suffix(".partial.json").read_text())
+    key = hashlib.sha1(json.dumps({**sampler, "challengers": 1}, sort_keys=True).encode()).hexdigest()[:10]
+    out: dict = {"sampler": sampler, "series": {}}
+    legacy = OUT / f"changepoint_traces_{key}.partial.json"  # all series in one file (earlier runs)
+    if legacy.exists() and not refresh:
+        out["series"].update(json.loads(legacy.read_text())["series"])
     torch.set_num_threads(1)
-    out = {"sampler": sampler, "series": {}}
-    partial = path.with_suffix(".partial.json")
-    if partial.exists() and not refresh:
-        out = json.loads(partial.read_text())
     OUT.mkdir(exist_ok=True)
-    for name in SERIES:
-        if name in out["series"]:
+    for name in names or ALL_SERIES:
+        path = OUT / f"changepoint_traces_{key}_{name}.json"
+        if path.exists() and not refresh:
+            out["series"][name] = json.loads(path.read_text())
             continue
-        s = load_series(name)
+        if score_only or (name in out["series"] and not refresh):
+            continue
+        s = series(name)
         z = s.standardised()
-        out["series"][name] = {}
+        res = {}
         for model, parts in model_specs(z.shape[1]).items():
             t0 = time.perf_counter()
             traces = run_model(parts, z, sampler)
-            out["series"][name][model] = {
+            res[model] = {
                 "traces": traces,
                 "seconds": time.perf_counter() - t0,
                 "log_evidence": sum(t[-1]["log_evidence"] for t in traces),
             }
-            print(
-                f"  {name:18s} {model:5s} log Z={out['series'][name][model]['log_evidence']:10.2f} "
-                f"({out['series'][name][model]['seconds']:.1f} s)",
-                flush=True,
-            )
-        partial.write_text(json.dumps(out))
-    path.write_text(json.dumps(out))
+            print(f"  {name:18s} {model:5s} log Z={res[model]['log_evidence']:10.2f} ({res[model]['seconds']:.1f} s)")
+        path.write_text(json.dumps(res))
+        out["series"][name] = res
     return out
 
 
@@ -139,9 +174,13 @@ def merge(points: list[int], margin: int) -> list[int]:
 def sgais_points(
     traces: list[list[dict]], settings: alerts.AlertSettings, kinds=("evidence_drop", "annealing_spike")
 ) -> list[int]:
-    """Change locations of the detector run over each part's trace, pooled."""
+    """Change locations of the detector run over each part's trace, pooled (``change_point``: the
+    alerts raised online by the challengers, stored in the rows)."""
     pts = []
     for rows in traces:
+        if kinds == ("change_point",):
+            pts += [a["observation_index"] for row in rows for a in row.get("alerts", [])]
+            continue
         state = alerts.initial_state()
         for row in rows:
             state, found = alerts.detect(state, settings, row)
@@ -161,6 +200,16 @@ def river_points(detector_cls, z: np.ndarray) -> list[int]:
     return merge(pts, 5)
 
 
+def pelt_points(z: np.ndarray) -> list[int]:
+    """ruptures' PELT (offline, sees the whole series): Gaussian mean-and-variance cost, BIC penalty
+    (2d + 1 parameters per segment) × log n, minimum segment 2."""
+    import ruptures as rpt
+
+    n, d = z.shape
+    bkps = rpt.Pelt(model="normal", min_size=2, jump=1).fit(z).predict(pen=(2 * d + 1) * np.log(n))
+    return [b for b in bkps if b < n]
+
+
 def score(data: dict, settings: alerts.AlertSettings, verbose: bool = True) -> dict[str, tuple[float, float]]:
     from river import drift
 
@@ -169,15 +218,17 @@ def score(data: dict, settings: alerts.AlertSettings, verbose: bool = True) -> d
         "PageHinkley": drift.PageHinkley,
         "ADWIN": drift.ADWIN,
         "KSWIN": drift.KSWIN,
+        "PELT (offline)": "pelt",
         "sgais": "leader",
         "sgais-ar1": "ar1",
         "sgais-gmm1": "gmm1",
+        "drop (diag.)": "drop",
     }
-    names = [n for n in SERIES if n in data["series"]]
+    names = [n for n in ALL_SERIES if n in data["series"]]
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
     lines = []
     for name in names:
-        s = load_series(name)
+        s = series(name)
         z = s.standardised()
         models = data["series"][name]
         leader = max(models, key=lambda m: models[m]["log_evidence"])
@@ -185,8 +236,12 @@ def score(data: dict, settings: alerts.AlertSettings, verbose: bool = True) -> d
         for m, how in methods.items():
             if how is None:
                 pts = []
+            elif how == "pelt":
+                pts = pelt_points(z)
+            elif how == "drop":  # the old detectors (evidence_drop, annealing_spike) on the leader's trace
+                pts = sgais_points(models[leader]["traces"], settings)
             elif isinstance(how, str):
-                pts = sgais_points(models[leader if how == "leader" else how]["traces"], settings)
+                pts = sgais_points(models[leader if how == "leader" else how]["traces"], settings, ("change_point",))
             else:
                 pts = river_points(how, z)
             f1, cov = f1_score(s.annotations, pts), covering(s.annotations, pts, s.n)
@@ -211,9 +266,11 @@ def main() -> None:
     ap.add_argument("--refresh", action="store_true", help="re-run SGAIS even if traces are cached")
     ap.add_argument("--settings", default="{}", help="AlertSettings overrides as JSON")
     ap.add_argument("--score-only", action="store_true", help="score the cached (possibly partial) traces, run nothing")
+    ap.add_argument("--series", default=None, help="comma-separated series to run (default: all, then score)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    data = compute_traces(args.block, {}, args.refresh, score_only=args.score_only)
+    names = args.series.split(",") if args.series else None
+    data = compute_traces(args.block, {}, args.refresh, score_only=args.score_only, names=names)
     settings = alerts.AlertSettings(**json.loads(args.settings))
     print(f"block={args.block} sampler={data['sampler']} alerts={settings.model_dump()}")
     score(data, settings)

@@ -96,7 +96,12 @@ class _TooLarge(Exception):
 
 MODEL_LABELS = ["tenant", "stream", "model"]
 STATUSES = ("pending", "ok", "degraded", "error")  # the evidence resource's ``status`` (API.md)
-ALERT_KINDS = ("evidence_drop", "annealing_spike", "model_switch")  # API.md "Alerts"; others appear once raised
+ALERT_KINDS = (
+    "change_point",
+    "evidence_drop",
+    "annealing_spike",
+    "model_switch",
+)  # API.md "Alerts"; others appear once raised
 
 
 # Read-only scripts: one reply for what would be thousands of pipelined commands (redis-py spends about
@@ -119,15 +124,17 @@ for _, ref in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if cfg then
     local c = cjson.decode(cfg)
     local ck = redis.call('HMGET', key(ARGV[2], t, m), 'observations', 'log_evidence', 'chunks', 'last_block', 'status')
-    local steps, ess = '', ''
+    local steps, ess, change = '', '', ''
     if ck[4] and ck[4] ~= '' then
       local last = cjson.decode(ck[4])
       steps, ess = tostring(last['annealing_steps']), tostring(last['ess'])
+      if type(last['change_probability']) == 'number' then change = tostring(last['change_probability']) end
     end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3], out[n + 4] = t, m, c['stream'], tostring(c['prior_probability'] or 1)
     out[n + 5], out[n + 6], out[n + 7] = ck[1] or '', ck[2] or '', ck[3] or ''
     out[n + 8], out[n + 9], out[n + 10], out[n + 11] = steps, ess, ck[5] or '', c['family'] or ''
+    out[n + 12] = change
   end
 end
 return out
@@ -238,8 +245,8 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
     models by ``(tenant, stream)``, in name order."""
     models: list[dict[str, Any]] = []
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    rows = sorted(tuple(flat[i : i + 11]) for i in range(0, len(flat), 11))
-    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family in rows:
+    rows = sorted(tuple(flat[i : i + 12]) for i in range(0, len(flat), 12))
+    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family, change in rows:
         entry = {
             "tenant": tenant,
             "stream": stream,
@@ -252,6 +259,7 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
             "ess": float(ess) if ess else None,
             "status": "pending" if not chunks else (st or "ok"),
             "family": family,
+            "change": float(change) if change else None,
         }
         models.append(entry)
         streams.setdefault((tenant, stream), []).append(entry)
@@ -333,6 +341,12 @@ def _model_families(
             "ESS of the particles after the last block (particles)",
             "gauge",
             [(p, e["ess"]) for p, e in lab if e["ess"] is not None],
+        ),
+        _family(
+            "sgais_change_probability",
+            "posterior probability of a change in the model's current segment (issue 12, workers/segmented.py)",
+            "gauge",
+            [(p, e["change"]) for p, e in lab if e["change"] is not None],
         ),
         _family(
             "sgais_model_status",

@@ -144,6 +144,11 @@ class Block(BaseModel):
         description="the particles were merged with a re-annealing from the prior "
         "over the whole history after this block (sampler.reanneal_steps)",
     )
+    # issue 12 (workers/segmented.py): the change posterior after this block
+    change_probability: float | None = Field(
+        None, description="posterior probability of a change in the current segment (alerts.change_point.window)"
+    )
+    change_point: bool = Field(False, description="a change point was confirmed at this block (evidence jumps)")
 
 
 class TraceRow(Block):
@@ -225,10 +230,12 @@ class Alert(BaseModel):
     id: str
     stream: str
     model: str
-    kind: Literal["evidence_drop", "annealing_spike", "model_switch"]
+    kind: Literal["change_point", "evidence_drop", "annealing_spike", "model_switch"]
     observation_index: int | None
     detected_at_index: int | None
     score: float
+    probability: float | None = Field(None, description="change_point: posterior probability of the change")
+    log_bayes_factor: float | None = Field(None, description="change_point: log Bayes factor change vs none (nats)")
     message: str
     created_at: datetime
 

@@ -20,6 +20,10 @@ gives the same alerts.
   reported (one change, one alert); after either alert the recent-steps window restarts,
   so a model that keeps needing more annealing in the new regime does not alert again.
 * ``model_switch``: the stream's most probable model changed (see :func:`model_switch`).
+* ``change_point`` (the primary change alert since issue 12) is not raised here but by the
+  challengers of :mod:`workers.segmented` (posterior probability of a change from Bayes factors,
+  :mod:`workers.changepoint`); ``evidence_drop`` and ``annealing_spike`` stay as diagnostics
+  (bench/README.md, "Bayesian change points").
 
 Defaults were chosen on bench/changepoints.py (seven annotated river series) together with
 the stationary-trace false-alarm checks of tests/test_alerts.py; see bench/README.md.
@@ -32,6 +36,8 @@ import statistics
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from workers.changepoint import ChangepointSettings
 
 _MAD_TO_SD = 1.4826  # MAD of a normal sample × this = its standard deviation
 
@@ -59,6 +65,10 @@ class AlertSettings(BaseModel):
     spike_factor: float = Field(4.0, gt=1, description="annealing_spike when steps ≥ factor × recent median")
     spike_min_steps: int = Field(5, ge=2, description="and at least this many annealing steps")
     spike_window: int = Field(20, ge=3, description="blocks in the recent median of annealing steps")
+    change_point: ChangepointSettings = Field(
+        default_factory=lambda: ChangepointSettings.model_validate({}),
+        description="Bayesian change points from challenger evidences (workers/changepoint.py): hazard, threshold, ...",
+    )
 
 
 def initial_state() -> dict[str, Any]:

@@ -36,7 +36,7 @@ async def list_alerts(
     tenant: TenantDep,
     stream: str | None = None,
     model: str | None = None,
-    kind: Annotated[str | None, Query(pattern="^(evidence_drop|annealing_spike|model_switch)$")] = None,
+    kind: Annotated[str | None, Query(pattern="^(change_point|evidence_drop|annealing_spike|model_switch)$")] = None,
     since: Annotated[
         IsoDateTime | None, Query(description="only alerts created at or after this time (ISO 8601)")
     ] = None,

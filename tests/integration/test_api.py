@@ -153,6 +153,11 @@ def test_alerts_on_a_change_point(client):
     wait_until(lambda: processed(client, "s1", 8))
     items = client.get("/v1/alerts", params={"stream": "s1", "kind": "evidence_drop"}).json()["items"]
     assert items and items[0]["model"] == "a" and items[0]["observation_index"] >= 600
+    # issue 12: the challengers' change_point (placed at a block start: 600), its probability and Bayes factor
+    (cp,) = client.get("/v1/alerts", params={"stream": "s1", "kind": "change_point"}).json()["items"]
+    assert cp["observation_index"] == 600 and cp["probability"] > 0.5 and cp["log_bayes_factor"] > 0
+    rows = client.get("/v1/models/a/trace").json()["items"]
+    assert all(0 <= r["change_probability"] <= 1 for r in rows) and [r["change_point"] for r in rows].count(True) == 1
     assert client.get("/v1/alerts", params={"model": "nope"}).json()["items"] == []
     assert client.get("/v1/alerts", params={"since": "2999-01-01T00:00:00Z"}).json()["items"] == []
     client.delete("/v1/models/a")

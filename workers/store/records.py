@@ -128,6 +128,9 @@ def block_of(row: dict[str, Any]) -> dict[str, Any]:
         )
     }
     out["reannealed"] = row.get("reannealed", False)
+    if "change_probability" in row:  # issue 12: rows written with challengers (workers/segmented.py)
+        out["change_probability"] = row["change_probability"]
+        out["change_point"] = row.get("change_point", False)
     out["observations"] = row["block_observations"]
     return out
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from workers.engine import ModelEngine, block_bounds
 from workers.quarantine import Budget
+from workers.segmented import SegmentedEngine
 from workers.sgais import BlockInfo
 from workers.store import records
 
@@ -23,7 +24,7 @@ class Block:
 
 
 def absorb_chunk(
-    engine: ModelEngine,
+    engine: ModelEngine | SegmentedEngine,
     x: Any,
     y: Any,
     *,
@@ -63,5 +64,15 @@ def absorb_chunk(
         row = records.trace_row(
             info, seq=seq, first_index=first_index + start, block_observations=int(yb.shape[0]), seconds=seconds
         )
+        row.update(change_fields(engine))
         out.append(Block(info, row))
     return out
+
+
+def change_fields(engine: Any) -> dict[str, Any]:
+    """Trace-row fields of the change posterior after the latest block (issue 12, :mod:`workers.segmented`);
+    none without challengers."""
+    block = getattr(engine, "last_block", None)
+    if not block:
+        return {}
+    return {"change_probability": block["change_probability"], "change_point": block["change_point"]}

@@ -26,6 +26,7 @@ import redis
 
 from workers.engine import ModelEngine
 from workers.quarantine import Budget, attempts_key
+from workers.segmented import SegmentedEngine
 from workers.store.commit import Scripts
 from workers.store.keys import Keys, model_ref, parse_model_ref
 from workers.store.scripts import RENEW_LUA
@@ -41,7 +42,7 @@ class Held:
     name: str
     token: str
     cfg: dict[str, Any] = field(default_factory=dict)
-    engine: ModelEngine | None = None
+    engine: ModelEngine | SegmentedEngine | None = None  # SegmentedEngine: main engine + challengers (issue 12)
     cursor: bytes = b"0-0"  # id of the last applied stream-log entry
     chunks: int = 0
     detector: dict[str, Any] = field(default_factory=dict)

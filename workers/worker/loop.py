@@ -25,6 +25,7 @@ import redis
 
 from workers import quarantine
 from workers.config import Settings
+from workers.segmented import SegmentedEngine
 from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
 from workers.store.keys import Keys
@@ -220,6 +221,8 @@ class Worker(quarantine.QuarantineHooks):
         x, y = records.decode_chunk(fields)
         blocks = absorb_chunk(h.engine, x, y, seq=seq, first_index=int(fields[b"first_index"]), budget=h.budget)
         h.detector, found = detect.detect(h.detector, h.cfg, blocks, stream=h.stream, model=h.name)
+        if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
+            found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
         rows = [b.row for b in blocks]
         self.commit(h, entry_id, seq, rows, found)
         OBSERVATIONS.inc(int(y.shape[0]))
@@ -251,6 +254,8 @@ class Worker(quarantine.QuarantineHooks):
             "status": "ok",
             "error": "",
         }
+        if isinstance(eng, SegmentedEngine):  # challengers and segment bookkeeping (issue 12)
+            ckpt["changepoint"] = eng.changepoint_bytes()
         # the evidence event after each block: the chunk counts as processed with its last block
         events = []
         for i, row in enumerate(rows):

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from workers import alerts as detector_lib
-from workers.engine import ModelEngine
+from workers.segmented import SegmentedEngine
 from workers.store import records
 from workers.store.keys import Keys
 from workers.worker.leases import Held
@@ -35,9 +35,12 @@ def restore(r: redis.Redis, keys: Keys, h: Held) -> bool | None:
     if b"state" in ckpt:
         h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
         h.detector = json.loads(ckpt[b"detector"])
-        h.engine = ModelEngine.from_bytes(ckpt[b"state"], history_blocks=replay(r, keys, h))
+        # the main engine plus its change-point challengers (field absent in older checkpoints; issue 12)
+        h.engine = SegmentedEngine.restore(
+            ckpt[b"state"], ckpt.get(b"changepoint"), changepoint_settings(h.cfg), lambda: replay(r, keys, h)
+        )
         return True
-    h.engine = ModelEngine(h.cfg["family"], h.cfg["params"], h.cfg["sampler"])
+    h.engine = SegmentedEngine.create(h.cfg["family"], h.cfg["params"], h.cfg["sampler"], changepoint_settings(h.cfg))
     h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
     return False
 
@@ -53,3 +56,8 @@ def replay(r: redis.Redis, keys: Keys, h: Held, page: int = 256) -> Iterator[tup
         if len(entries) < page:
             return
         start = b"(" + entries[-1][0]
+
+
+def changepoint_settings(cfg: dict[str, Any]) -> Any:
+    """The model's change-point settings (``alerts.change_point``, issue 12)."""
+    return detector_lib.AlertSettings(**cfg.get("alerts", {})).change_point

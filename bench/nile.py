@@ -1,0 +1,98 @@
+"""The Nile (statsmodels ``nile``: annual flows 1871-1970; the Aswan dam of 1898 is index 28), posted one
+observation per chunk as the worker would see it (blocks of 1), change-point defaults (issue 12, item 2).
+
+Per model (``gmm`` with one component = i.i.d. Gaussian with unknown mean and variance; AR(1) with
+unknown noise variance) on the standardised series: the ``change_point`` alerts raised online, and the
+worker time per observation with challengers (:class:`SegmentedEngine`) and without (the plain
+:class:`ModelEngine` on the same blocks, same seed): the challenger cost (item 6).
+
+    python bench/nile.py [--models gmm1,ar1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workers.changepoint import ChangepointSettings  # noqa: E402
+from workers.engine import ModelEngine  # noqa: E402
+from workers.segmented import SegmentedEngine  # noqa: E402
+
+# the sampler of bench/changepoints.py (small, stable on standardised series)
+SAMPLER = {"block_size": 1, "particles": 10, "burn_in": 10, "batch_size": 100, "learning_rate": 0.02, "seed": 0}
+MODELS = {"gmm1": ("gmm", {"dim": 1, "components": 1}), "ar1": ("autoregressive", {"order": 1})}
+
+
+def nile() -> np.ndarray:
+    from statsmodels.datasets import nile as data
+
+    y = data.load().data["volume"].to_numpy(float)
+    return (y - y.mean()) / y.std()
+
+
+def run(name: str, z: np.ndarray, challengers: bool) -> dict:
+    family, params = MODELS[name]
+    eng = (
+        SegmentedEngine.create(family, params, SAMPLER, ChangepointSettings())
+        if challengers
+        else ModelEngine(family, params, SAMPLER)
+    )
+    found, probs, sizes = [], [], []
+    t0 = time.perf_counter()
+    for v in z:
+        eng.update(None, [float(v)])  # one observation per chunk
+        if challengers:
+            found += eng.take_alerts()
+            probs.append(eng.last_block["change_probability"])
+            sizes.append(eng.last_block["challengers"])
+    seconds = time.perf_counter() - t0
+    return {
+        "alerts": found,
+        "seconds_per_observation": seconds / len(z),
+        "log_evidence": eng.log_evidence,
+        "max_change_probability_outside_alerts": max(probs, default=0.0),
+        "mean_challengers": float(np.mean(sizes)) if sizes else 0.0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gmm1,ar1")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    z = nile()
+    for name in args.models.split(","):
+        plain = run(name, z, challengers=False)
+        seg = run(name, z, challengers=True)
+        alerts = [
+            (a["observation_index"], a["detected_at_index"], round(a["log_bayes_factor"], 2)) for a in seg["alerts"]
+        ]
+        ok = len(alerts) == 1 and abs(alerts[0][0] - 28) <= 5
+        print(
+            json.dumps(
+                {
+                    "model": name,
+                    "alerts (location, detected at, log BF)": alerts,
+                    "PASS": ok,
+                    "s/obs without challengers": round(plain["seconds_per_observation"], 4),
+                    "s/obs with challengers": round(seg["seconds_per_observation"], 4),
+                    "ratio": round(seg["seconds_per_observation"] / plain["seconds_per_observation"], 2),
+                    "mean challengers alive": round(seg["mean_challengers"], 2),
+                    "log Z plain": round(plain["log_evidence"], 2),
+                    "log Z given change points": round(seg["log_evidence"], 2),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Bayesian change points from challengers (issue 12): the posterior, pruning, checkpoints, chunking."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from workers import changepoint as cp
+from workers.segmented import SegmentedEngine, skip_observations
+
+# small and cheap: a 1-D Gaussian (gmm, one component), 10 particles throughout, short burn-in
+CHEAP = {"particles": 10, "warmup_particles": None, "burn_in": 3, "batch_size": 50, "learning_rate": 0.05}
+GAUSS = ("gmm", {"dim": 1, "components": 1})
+
+
+def shifted(n: int, at: int, shift: float, seed: int) -> list[float]:
+    """N(0, 1) values with ``shift`` added from index ``at`` on."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(n, generator=g, dtype=torch.float64)
+    y[at:] += shift
+    return y.tolist()
+
+
+def run(values, sampler, chunk, settings=None, stop=None):
+    eng = SegmentedEngine.create(*GAUSS, sampler, settings or cp.ChangepointSettings())
+    alerts, probs = [], []
+    for k in range(0, len(values) if stop is None else stop, chunk):
+        eng.update(None, values[k : k + chunk])
+        alerts += eng.take_alerts()
+        probs.append(eng.last_block["change_probability"])
+    return eng, alerts, probs
+
+
+def test_posterior_matches_direct_computation():
+    lbfs, h = [3.0, -1.0, 12.5], 0.01
+    p0, ps = cp.posterior(lbfs, h)
+    rho = h / (1 - h)
+    odds = [rho * math.exp(b) for b in lbfs]
+    assert p0 == pytest.approx(1 / (1 + sum(odds)), rel=1e-12)
+    assert ps == pytest.approx([o / (1 + sum(odds)) for o in odds], rel=1e-12)
+    # log space: Bayes factors of thousands of nats do not overflow
+    p0, ps = cp.posterior([5000.0, 4990.0], 1e-3)
+    assert p0 == 0.0 and ps[0] == pytest.approx(1 / (1 + math.exp(-10)))
+
+
+def test_prune_keeps_young_heavy_and_the_newest():
+    s = cp.ChangepointSettings(max_challengers=2, min_age=5, prune_weight=1e-4)
+    starts, ages, lbfs = [10, 20, 30, 40], [30, 20, 10, 1], [-20.0, 8.0, 1.0, -50.0]
+    # 10 is old and light (weight e^-20·ρ < 1e-4): dropped; of the rest the two heaviest, newest protected
+    assert cp.prune(starts, ages, lbfs, s, keep=3) == [1, 3]
+    assert cp.prune(starts, ages, lbfs, s) == [1, 2]
+
+
+def test_seeds_and_grid_are_deterministic():
+    assert cp.challenger_seed(3, 100) == cp.challenger_seed(3, 100) != cp.challenger_seed(3, 101)
+    assert cp.challenger_seed(3, 100) != cp.challenger_seed(4, 100)
+    s = cp.ChangepointSettings(grid_first=10, grid_ratio=2)
+    st = cp.initial_state(0, s)
+    due = [t for t in range(0, 100, 5) if cp.grid_due(st, s, t)]
+    assert due == [10, 20, 40, 80]
+
+
+def test_skip_observations_slices_chunks():
+    chunks = [(None, torch.arange(3.0)), (None, torch.arange(3.0, 7.0))]
+    out = [y.tolist() for _, y in skip_observations(chunks, 4)]
+    assert out == [[4.0, 5.0, 6.0]]
+
+
+@pytest.mark.slow
+def test_detects_a_mean_shift_and_restarts_bit_identically():
+    """A 4-sd shift at 150 (blocks of 10): one change_point near 150; a checkpoint taken with challengers
+    alive, and one taken after the change (the main engine is then a former challenger whose history is
+    rebuilt from the stream from its start), both resume to the same bits as the uninterrupted run."""
+    y = shifted(300, 150, 4.0, seed=1)
+    sampler = {**CHEAP, "block_size": 10, "seed": 5}
+    straight, alerts, probs = run(y, sampler, 10)
+    assert len(alerts) == 1 and abs(alerts[0]["observation_index"] - 150) <= 10, alerts
+    assert alerts[0]["probability"] > 0.5 and alerts[0]["log_bayes_factor"] > 0
+    for stop in (150, 250):
+        first, a1, p1 = run(y, sampler, 10, stop=stop)
+        assert stop < 200 or first.skipped > 0  # after the change the main population is the challenger's
+        blob, extra = first.to_bytes(include_history=False), first.changepoint_bytes()
+        restored = SegmentedEngine.restore(blob, extra, cp.ChangepointSettings(), lambda s=stop: iter([(None, y[:s])]))
+        assert len(restored.challengers) == len(first.challengers)
+        a2, p2 = [], []
+        for k in range(stop, 300, 10):
+            restored.update(None, y[k : k + 10])
+            a2 += restored.take_alerts()
+            p2.append(restored.last_block["change_probability"])
+        assert restored.log_evidence == straight.log_evidence
+        assert a1 + a2 == alerts and p1 + p2 == probs
+
+
+def test_old_checkpoint_without_challengers_restores():
+    y = shifted(40, 40, 0.0, seed=2)
+    eng = SegmentedEngine.create(*GAUSS, {**CHEAP, "block_size": 10}, cp.ChangepointSettings())
+    eng.update(None, y)
+    plain = eng.main.to_bytes(include_history=False)  # what a checkpoint before issue 12 holds
+    back = SegmentedEngine.restore(plain, None, cp.ChangepointSettings(), lambda: iter([(None, y)]))
+    assert back.log_evidence == eng.main.log_evidence and back.observations == 40 and not back.challengers
+
+
+@pytest.mark.slow
+def test_one_or_fifty_per_chunk_give_the_same_alerts():
+    """Chunks of 1 or 50 observations (block_size 1, the Nile setting): the same alerts, bit for bit."""
+    y = shifted(40, 20, 6.0, seed=3)
+    sampler = {**CHEAP, "block_size": 1, "seed": 2}
+    _, one, _ = run(y, sampler, 1)
+    _, fifty, _ = run(y, sampler, 50)
+    assert one and [a["observation_index"] for a in one] == [a["observation_index"] for a in fifty]
+    assert all(abs(a["observation_index"] - 20) <= 5 for a in one)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_no_false_alarm_on_a_stationary_stream(seed):
+    """2,000 stationary Gaussian values in blocks of 50: no change_point (Ville's bound with the default
+    hazard and threshold: at most ρ(1−c)/c = 1e-3 expected false alarms per challenger started)."""
+    y = shifted(2000, 2000, 0.0, seed=10 + seed)
+    _, alerts, probs = run(y, {**CHEAP, "block_size": 50, "seed": seed}, 50)
+    assert alerts == [] and max(probs) < 0.5

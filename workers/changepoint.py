@@ -1,0 +1,160 @@
+"""Bayesian online change-point posterior from challenger evidences (DESIGN.md §5, §9).
+
+Pure logic, no engine: the settings, the candidate rules (where a challenger starts), the change
+posterior and the pruning.  :mod:`workers.segmented` holds the challenger engines and calls these.
+
+The model.  Since the start ``s`` of the current segment (0, or the last confirmed change) the
+stream either has no change (H₀) or exactly one change at ``t`` (H_t): the segments ``s..t−1``
+and ``t..n`` then have independent parameters drawn from the same prior.  This is the run-length
+posterior of Bayesian online change-point detection (Adams & MacKay 2007, arXiv:0710.3742, eq. 3)
+restricted to at most one change since ``s``, evaluated on a particle set of candidate locations
+(the challengers) as in Fearnhead & Liu (2007, JRSS B 69(4), §2-3).  For a challenger started at
+``t`` the Bayes factor of H_t against H₀ is (issue 12)
+
+    log B_t = log Ẑ(y_{s..t−1}) + log Ẑ'(y_{t..n}) − log Ẑ(y_{s..n})
+
+with Ẑ the main population's running evidence (its value before ``t`` is recorded when the
+challenger starts) and Ẑ' the challenger's own.  With a constant hazard ``h`` per observation
+(Adams & MacKay eq. 5) the prior odds of H_t against H₀ are ``h / (1 − h)``, so
+
+    p(H_t | y) = ρ B_t / (1 + Σ_u ρ B_u),   ρ = h / (1 − h).
+
+Summing over the candidates only (not every ``t``) gives a lower bound on the full posterior
+probability of a change when the evidences are exact: missing locations only add mass.
+
+False alarms.  Under H₀ each ``B_t`` (exact evidences) is a non-negative martingale with mean 1
+from its start, so by Ville's inequality P(sup_n ρ B_t ≥ c/(1 − c)) ≤ ρ (1 − c)/c: the expected
+number of false alarms is at most (number of challengers started) · ρ (1 − c)/c.  The defaults
+(``hazard`` 1e-3, ``threshold`` 0.5) bound it by 1e-3 per challenger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_MAD_TO_SD = 1.4826  # MAD of a normal sample × this = its standard deviation
+
+
+class ChangepointSettings(BaseModel):
+    """Change-point settings of a model (the ``change_point`` object of its ``alerts``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="run challengers and raise change_point alerts")
+    hazard: float = Field(
+        1e-3, gt=0, lt=0.5, description="prior probability of a change at each observation (1 / mean segment length)"
+    )
+    threshold: float = Field(
+        0.5, gt=0, lt=1, description="change_point alert when the posterior probability of a change exceeds this"
+    )
+    window: int | None = Field(
+        None, ge=1, description="change_probability counts changes in the last `window` observations (null = segment)"
+    )
+    max_challengers: int = Field(10, ge=1, le=100, description="challenger populations kept per model")
+    min_age: int = Field(10, ge=1, description="observations a challenger absorbs before it can be pruned or confirmed")
+    prune_weight: float = Field(
+        1e-4, ge=0, lt=1, description="after min_age, drop a challenger whose weight ρB_t falls below this"
+    )
+    spawn_z: float = Field(
+        2.0,
+        gt=0,
+        description="start a challenger at a block whose per-observation log-predictive is this many "
+        "spreads below the segment's recent median",
+    )
+    baseline_blocks: int = Field(50, ge=3, description="recent blocks in the robust baseline (median, MAD)")
+    noise_floor: float = Field(
+        0.7, gt=0, description="floor on the per-observation spread of the log-predictive (nats), as in evidence_drop"
+    )
+    grid_first: int = Field(10, ge=1, description="first geometric-grid start: this many observations into a segment")
+    grid_ratio: float = Field(2.0, gt=1, description="grid starts at grid_first · ratio^k observations into a segment")
+    burn_in: int | None = Field(
+        None, ge=0, le=10_000, description="SGHMC burn-in of the challengers (null = the model's burn_in)"
+    )
+
+
+def challenger_seed(seed: int, start: int) -> int:
+    """Deterministic seed of the challenger started at stream index ``start`` of a model seeded ``seed``."""
+    digest = hashlib.sha256(f"sgais-challenger:{seed}:{start}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # < 2**63
+
+
+def log_prior_odds(hazard: float) -> float:
+    """log ρ = log(h / (1 − h)): prior odds of one change at a given observation against none."""
+    return math.log(hazard) - math.log1p(-hazard)
+
+
+def posterior(log_bayes_factors: list[float], hazard: float) -> tuple[float, list[float]]:
+    """(p(H₀ | y), [p(H_t | y) per candidate]) from the candidates' log Bayes factors (module docstring).
+
+    Computed in log space (log-sum-exp), so Bayes factors of thousands of nats are fine.
+    """
+    lo = log_prior_odds(hazard)
+    terms = [0.0] + [b + lo for b in log_bayes_factors]
+    top = max(terms)
+    norm = top + math.log(sum(math.exp(v - top) for v in terms))
+    probs = [math.exp(v - norm) for v in terms]
+    return probs[0], probs[1:]
+
+
+def baseline(values: list[float], rows: list[int], floor: float) -> tuple[float, float]:
+    """(median per-observation log-predictive, per-observation spread σ) of recent blocks.
+
+    A block mean of ``n`` rows spreads as σ/√n; σ = 1.4826 × the MAD of the √n-scaled deviations,
+    floored at ``floor`` (as :func:`workers.alerts._baseline`).
+    """
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True))
+    return med, max(_MAD_TO_SD * mad, floor)
+
+
+def drop_score(state: dict[str, Any], settings: ChangepointSettings, value: float, rows: int) -> float:
+    """Standardised drop ``z`` of a block's per-observation log-predictive ``value`` below the segment's
+    baseline (positive = worse than usual); 0 before two baseline blocks exist."""
+    if len(state["values"]) < 2 or rows <= 0 or not math.isfinite(value):
+        return 0.0
+    med, sigma = baseline(state["values"], state["rows"], settings.noise_floor)
+    return (med - value) * math.sqrt(rows) / sigma
+
+
+def push_baseline(state: dict[str, Any], settings: ChangepointSettings, value: float, rows: int) -> None:
+    """Add a block to the segment's baseline (the first block of a segment, the prior-to-posterior
+    transient, is left out)."""
+    state["segment_blocks"] += 1
+    if state["segment_blocks"] > 1 and rows > 0 and math.isfinite(value):
+        state["values"] = (state["values"] + [value])[-settings.baseline_blocks :]
+        state["rows"] = (state["rows"] + [rows])[-settings.baseline_blocks :]
+
+
+def grid_due(state: dict[str, Any], settings: ChangepointSettings, first: int) -> bool:
+    """True (and the next grid point advanced) when the block starting at ``first`` reaches the segment's
+    next geometric-grid age ``grid_first · ratio^k``."""
+    age = first - state["segment_start"]
+    if age < state["next_grid"]:
+        return False
+    while state["next_grid"] <= age:
+        state["next_grid"] = max(state["next_grid"] + 1, math.ceil(state["next_grid"] * settings.grid_ratio))
+    return True
+
+
+def initial_state(segment_start: int = 0, settings: ChangepointSettings | None = None) -> dict[str, Any]:
+    """The JSON-able candidate-rule state of a segment starting at ``segment_start``."""
+    first = (settings or ChangepointSettings.model_validate({})).grid_first
+    return {"segment_start": segment_start, "segment_blocks": 0, "values": [], "rows": [], "next_grid": first}
+
+
+def prune(
+    starts: list[int], ages: list[int], log_bfs: list[float], settings: ChangepointSettings, keep: int | None = None
+) -> list[int]:
+    """Indices of the challengers to keep: those younger than ``min_age`` or with weight ρB_t ≥
+    ``prune_weight``, then the ``max_challengers`` of largest weight (ties: the later start).
+    ``keep`` (an index) is never dropped for weight."""
+    lo = log_prior_odds(settings.hazard)
+    cut = math.log(settings.prune_weight) if settings.prune_weight > 0 else -math.inf
+    alive = [i for i in range(len(starts)) if i == keep or ages[i] < settings.min_age or log_bfs[i] + lo >= cut]
+    alive.sort(key=lambda i: (i == keep, log_bfs[i], starts[i]), reverse=True)
+    return sorted(alive[: settings.max_challengers])

@@ -1,0 +1,300 @@
+"""A model's engine with challengers: Bayesian online change points on ``ModelEngine``'s public API.
+
+:class:`SegmentedEngine` wraps the model's main :class:`~workers.engine.ModelEngine` (the population
+of the current segment) and up to ``max_challengers`` fresh copies of it (same family, prior and
+sampler; own seeds from :func:`workers.changepoint.challenger_seed`), each started at a candidate
+change point and absorbing the stream from there.  After every block it computes the change
+posterior (:mod:`workers.changepoint`), and when the probability of a change exceeds the threshold
+it raises a ``change_point`` alert and the most probable challenger becomes the main population.
+
+Reported quantities (what the runner stores and the API serves):
+
+* ``observations``: stream values absorbed (as for a plain engine).
+* ``log_evidence``: ``log p(y_{1..n} | τ₁, …, τ_k)``, the log-evidence of the model given the
+  confirmed change points τ (the segments between them with independent parameters from the prior,
+  the change points themselves treated as known; no hazard term): the sum of each segment's
+  ``log Ẑ``.  With no confirmed change it is the plain running ``log Ẑ``.  At a confirmation it
+  jumps by the winner's log Bayes factor (the block's row says ``change_point: true``).
+* the checkpoint ``state`` (:meth:`to_bytes`) is the main engine's: the current segment's
+  population, so its posterior summary is the posterior of the new segment's parameters.
+
+The challengers and the segment bookkeeping go in a second checkpoint field
+(:meth:`changepoint_bytes`, restored by :meth:`restore`); a checkpoint without it (written before
+this module) restores as a model without challengers and no change so far.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workers import changepoint as cp
+from workers.engine import ModelEngine
+
+FORMAT = 1
+
+
+@dataclass
+class Challenger:
+    """A fresh copy of the model started at stream index ``start``."""
+
+    start: int  # stream index of the first observation it scores
+    skip: int  # stream values before its first absorbed one (start − the conditioned-on context)
+    base: float  # the main segment's log Ẑ(y_{s..start−1}) (nats)
+    seed: int
+    engine: ModelEngine
+    absorbed: int = 0  # stream values scored since start
+    bases: dict[int, float] = field(default_factory=dict)  # other challengers' log Ẑ' at start, by their start
+
+
+def skip_observations(chunks: Iterable[tuple[Any, Any]], k: int) -> Iterator[tuple[Any, Any]]:
+    """The stream's ``(x, y)`` chunks without its first ``k`` values (rows along dim 0)."""
+    for x, y in chunks:
+        n = len(y)
+        if k >= n:
+            k -= n
+            continue
+        yield (x[k:] if x is not None else None), y[k:]
+        k = 0
+
+
+class SegmentedEngine:
+    """The main engine plus its challengers (module docstring).
+
+    Parameters
+    ----------
+    main : ModelEngine
+        The model's engine (a fresh one, or restored).
+    settings : ChangepointSettings
+        Change-point settings; ``enabled=False`` makes this a plain pass-through.
+    """
+
+    def __init__(self, main: ModelEngine, settings: cp.ChangepointSettings | None = None):
+        self.main = main
+        self.cp = settings or cp.ChangepointSettings.model_validate({})
+        self.seed = main.settings.seed  # the model's seed (challenger seeds derive from it)
+        self.skipped = 0  # stream values before the main engine's first absorbed one
+        self.offset = 0.0  # log-evidence of the stream before the current segment (nats)
+        self.state = cp.initial_state(0, self.cp)
+        self.challengers: list[Challenger] = []
+        self.context: list[list[Any]] = []  # the last context_size stream rows [x, y] (x None w/o covariates)
+        self.last_block: dict[str, Any] = {}  # change_probability etc. of the latest block
+        self.pending: list[dict[str, Any]] = []  # alerts raised since take_alerts
+        self.started = 0  # challengers started so far (Ville's bound: expected false alarms ≤ started·ρ(1−c)/c)
+
+    @classmethod
+    def create(cls, family: str, params: dict, sampler: dict, settings: cp.ChangepointSettings | None = None):
+        return cls(ModelEngine(family, params, sampler), settings)
+
+    # ----- the engine's public API ------------------------------------------------------------
+    @property
+    def family(self):
+        return self.main.family
+
+    @property
+    def settings(self):
+        return self.main.settings
+
+    @property
+    def observations(self) -> int:
+        return self.skipped + self.main.observations
+
+    @property
+    def log_evidence(self) -> float:
+        """``log p(y_{1..n} | confirmed change points)`` (nats; module docstring)."""
+        return self.offset + self.main.log_evidence
+
+    @property
+    def ess(self) -> float:
+        return self.main.ess
+
+    def posterior_summary(self) -> dict[str, Any]:
+        return self.main.posterior_summary()
+
+    def to_bytes(self, *, include_history: bool = True) -> bytes:
+        return self.main.to_bytes(include_history=include_history)
+
+    def update(self, x: Any, y: Any, *, validated: bool = False, heartbeat: Callable[[], None] | None = None):
+        """As :meth:`ModelEngine.update`; each BlockInfo's ``log_evidence`` is the reported one, and
+        ``last_block`` / :meth:`take_alerts` give the block's change posterior and alerts."""
+        if not validated:
+            x, y = self.family.validate(x, y)
+        infos = []
+        size = self.settings.block_size
+        for s in range(0, y.shape[0], size):
+            xb, yb = (x[s : s + size] if x is not None else None), y[s : s + size]
+            first, lz_prev = self.observations, self.main.log_evidence
+            (info,) = self.main.update(xb, yb, validated=True, heartbeat=heartbeat)
+            if self.cp.enabled:
+                self._after_block(first, xb, yb, info, lz_prev, heartbeat)
+            infos.append(info._replace(log_evidence=self.log_evidence))
+        return infos
+
+    def take_alerts(self) -> list[dict[str, Any]]:
+        out, self.pending = self.pending, []
+        return out
+
+    # ----- challengers ------------------------------------------------------------------------
+    def _sampler(self, seed: int) -> dict[str, Any]:
+        over: dict[str, Any] = {"seed": seed}
+        if self.cp.burn_in is not None:
+            over["burn_in"] = self.cp.burn_in
+        return self.main.settings.model_copy(update=over).model_dump()
+
+    def _spawn(self, first: int, xb, yb, lz_prev: float, before: dict[int, float], heartbeat) -> Challenger:
+        seed = cp.challenger_seed(self.seed, first)
+        eng = ModelEngine(self.family.name, self.family.params.model_dump(), self._sampler(seed))
+        ctx = self.context
+        if ctx:  # the conditioned-on values before `first` (autoregressive): no likelihood rows
+            cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
+            eng.update(cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64), validated=True)
+        eng.update(xb, yb, validated=True, heartbeat=heartbeat)
+        return Challenger(first, first - len(ctx), lz_prev, seed, eng, int(yb.shape[0]), dict(before))
+
+    def _after_block(self, first: int, xb, yb, info, lz_prev: float, heartbeat) -> None:
+        n = int(yb.shape[0])
+        last = first + n - 1
+        lz = self.main.log_evidence
+        before = {c.start: c.engine.log_evidence for c in self.challengers}
+        for c in self.challengers:
+            if heartbeat is not None:  # the worker renews its leases between engines (a block each)
+                heartbeat()
+            c.engine.update(xb, yb, validated=True, heartbeat=heartbeat)
+            c.absorbed += n
+        rows = info.observations
+        value = info.log_predictive / rows if rows > 0 else math.nan
+        z = cp.drop_score(self.state, self.cp, value, rows)
+        due = first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first)
+        spawned = None
+        if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
+            if heartbeat is not None:
+                heartbeat()
+            self.challengers.append(self._spawn(first, xb, yb, lz_prev, before, heartbeat))
+            self.started += 1
+            spawned = len(self.challengers) - 1
+        self._remember_context(xb, yb)
+        cp.push_baseline(self.state, self.cp, value, rows)
+        lbfs = [c.base + c.engine.log_evidence - lz for c in self.challengers]
+        _, probs = cp.posterior(lbfs, self.cp.hazard)
+        since = -math.inf if self.cp.window is None else last + 1 - self.cp.window
+        p_change = sum(p for c, p in zip(self.challengers, probs, strict=True) if c.start >= since)
+        eligible = [i for i, c in enumerate(self.challengers) if c.absorbed >= self.cp.min_age and c.start >= since]
+        p_confirm = sum(probs[i] for i in eligible)
+        self.last_block = {"change_probability": p_change, "change_point": False, "challengers": len(lbfs)}
+        if eligible and p_confirm > self.cp.threshold:
+            w = max(eligible, key=lambda i: probs[i])
+            self._confirm(self.challengers[w], p_confirm, lbfs[w], last)
+            return
+        ages = [c.absorbed for c in self.challengers]
+        keep = cp.prune([c.start for c in self.challengers], ages, lbfs, self.cp, spawned)
+        self.challengers = [self.challengers[i] for i in keep]
+        live = {c.start for c in self.challengers}
+        for c in self.challengers:
+            c.bases = {s: v for s, v in c.bases.items() if s in live}
+
+    def _confirm(self, win: Challenger, probability: float, log_bf: float, last: int) -> None:
+        """``win`` becomes the main population of a segment starting at ``win.start``."""
+        self.pending.append(
+            {
+                "kind": "change_point",
+                "observation_index": win.start,
+                "detected_at_index": last,
+                "score": probability,
+                "probability": probability,
+                "log_bayes_factor": log_bf,
+                "message": (
+                    f"change at {win.start}: posterior probability {probability:.3g}, "
+                    f"log Bayes factor {log_bf:.3g} nats (hazard {self.cp.hazard:g})"
+                ),
+            }
+        )
+        self.last_block["change_point"] = True
+        self.offset += win.base
+        self.skipped = win.skip
+        # the new segment's population keeps the model's sampler settings (its own seed)
+        win.engine.settings = self.main.settings.model_copy(update={"seed": win.seed})
+        self.main = win.engine
+        rest = [c for c in self.challengers if c.start > win.start and win.start in c.bases]
+        for c in rest:
+            c.base = c.bases.pop(win.start)
+        self.challengers = rest
+        self.state = cp.initial_state(win.start, self.cp)
+
+    def _remember_context(self, xb, yb) -> None:
+        k = self.family.context_size
+        if k <= 0:
+            return
+        rows = [[None if xb is None else xb[i].tolist(), yb[i].tolist()] for i in range(int(yb.shape[0]))]
+        self.context = (self.context + rows)[-k:]
+
+    # ----- checkpoint -------------------------------------------------------------------------
+    def changepoint_bytes(self) -> bytes:
+        """The challengers and segment bookkeeping: a JSON header (length-prefixed) then each
+        challenger's ``to_bytes(include_history=False)`` (histories are rebuilt from the stream log)."""
+        blobs = [c.engine.to_bytes(include_history=False) for c in self.challengers]
+        header = {
+            "format": FORMAT,
+            "seed": self.seed,
+            "skipped": self.skipped,
+            "offset": self.offset,
+            "state": self.state,
+            "context": self.context,
+            "last_block": self.last_block,
+            "started": self.started,
+            "challengers": [
+                {
+                    "start": c.start,
+                    "skip": c.skip,
+                    "base": c.base,
+                    "seed": c.seed,
+                    "absorbed": c.absorbed,
+                    "bases": [[s, v] for s, v in c.bases.items()],
+                    "size": len(b),
+                }
+                for c, b in zip(self.challengers, blobs, strict=True)
+            ],
+        }
+        head = json.dumps(header).encode()
+        return len(head).to_bytes(8, "little") + head + b"".join(blobs)
+
+    @classmethod
+    def restore(
+        cls,
+        state: bytes,
+        changepoints: bytes | None,
+        settings: cp.ChangepointSettings | None,
+        replay: Callable[[], Iterable[tuple[Any, Any]]],
+    ) -> SegmentedEngine:
+        """Rebuild from a checkpoint: ``state`` (the main engine's bytes), ``changepoints``
+        (:meth:`changepoint_bytes`, or None/empty for a checkpoint written before this module) and
+        ``replay()``, a fresh iterator over the stream's ``(x, y)`` chunks from its start.
+
+        Raises
+        ------
+        ValueError
+            Unknown format, or the stream log does not cover the checkpoint.
+        """
+        if not changepoints:
+            return cls(ModelEngine.from_bytes(state, history_blocks=replay()), settings)
+        n = int.from_bytes(changepoints[:8], "little")
+        header = json.loads(changepoints[8 : 8 + n])
+        if header["format"] != FORMAT:
+            raise ValueError(f"change-point checkpoint format {header['format']} is not supported")
+        main = ModelEngine.from_bytes(state, history_blocks=skip_observations(replay(), header["skipped"]))
+        self = cls(main, settings)
+        self.seed, self.skipped, self.offset = header["seed"], header["skipped"], header["offset"]
+        self.state, self.context, self.last_block = header["state"], header["context"], header["last_block"]
+        self.started = header.get("started", 0)
+        pos = 8 + n
+        for c in header["challengers"]:
+            blob = changepoints[pos : pos + c["size"]]
+            pos += c["size"]
+            eng = ModelEngine.from_bytes(blob, history_blocks=skip_observations(replay(), c["skip"]))
+            bases = {int(s): float(v) for s, v in c["bases"]}
+            self.challengers.append(Challenger(c["start"], c["skip"], c["base"], c["seed"], eng, c["absorbed"], bases))
+        return self
