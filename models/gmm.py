@@ -8,7 +8,6 @@ With one component the evidence is closed form
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from pydantic import Field
 from torch.distributions import constraints
 
 from models.base import (
+    LOG_2PI,
     Family,
     HyperParams,
     ParameterSpec,
@@ -57,29 +57,39 @@ class GaussianMixture(Family):
         check_nonempty_and_aligned(None, yt)
         return None, yt
 
-    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Dirichlet(α) + InvGamma(shape, scale) + N(0, mean_scale·σ²) log densities, ``[M]`` (nats).
+    def hyper(self) -> dict[str, float]:
+        p = self.params
+        return {
+            "dirichlet_alpha": p.dirichlet_alpha,
+            "variance_shape": p.variance_shape,
+            "variance_scale": p.variance_scale,
+            "mean_scale": p.mean_scale,
+        }
+
+    def stacked_log_prior(self, values, hp):
+        """Dirichlet(α) + InvGamma(shape, scale) + N(0, mean_scale·σ²) log densities, ``[K, M]`` (nats).
 
         Written out (same as ``torch.distributions.Dirichlet`` / ``InverseGamma`` log_prob, checked
-        in tests) because building distribution objects dominated the cost of a gradient step.
+        in tests) with per-model hyperparameters ``hp: {name: [K, 1]}``.
         """
-        p = self.params
+        C = self.params.components
         w, mu, var = values["weights"], values["means"], values["variances"]
-        K, a, b, alpha = p.components, p.variance_shape, p.variance_scale, p.dirichlet_alpha
-        lp = math.lgamma(K * alpha) - K * math.lgamma(alpha) + (alpha - 1.0) * torch.log(w).sum(-1)
+        alpha, a, b, ms = (hp[k] for k in ("dirichlet_alpha", "variance_shape", "variance_scale", "mean_scale"))
+        lp = torch.lgamma(C * alpha) - C * torch.lgamma(alpha) + (alpha - 1.0) * torch.log(w).sum(-1)
+        a3, b3, ms3 = a[..., None, None], b[..., None, None], ms[..., None, None]
         log_var = torch.log(var)
-        lp = lp + (a * math.log(b) - math.lgamma(a) - (a + 1.0) * log_var - b / var).sum((-2, -1))
-        z2 = mu * mu / (p.mean_scale * var)
-        return lp + (-0.5 * z2 - 0.5 * (math.log(p.mean_scale) + log_var) - 0.5 * math.log(2 * math.pi)).sum((-2, -1))
+        lp = lp + (a3 * torch.log(b3) - torch.lgamma(a3) - (a3 + 1.0) * log_var - b3 / var).sum((-2, -1))
+        z2 = mu * mu / (ms3 * var)
+        return lp + (-0.5 * z2 - 0.5 * (torch.log(ms3) + log_var) - 0.5 * LOG_2PI).sum((-2, -1))
 
-    def log_likelihood_constrained(self, values, x, y):
-        """``weights: [M, K]``, ``means, variances: [M, K, d]``, ``y: [B, d]`` -> ``[M, B]`` (nats)."""
+    def stacked_log_likelihood(self, values, x, y, hp):
+        """``weights: [K, M, C]``, ``means, variances: [K, M, C, d]``, ``y: [K, B, d]`` -> ``[K, M, B]`` (nats)."""
         mu, var = values["means"], values["variances"]
-        if y.ndim == 1:
-            y = y[:, None]
-        z2 = (y[None, :, None, :] - mu[:, None]) ** 2 / var[:, None]  # [M, B, K, d]
-        comp = -0.5 * (z2.sum(-1) + torch.log(var).sum(-1)[:, None, :] + y.shape[-1] * math.log(2 * math.pi))
-        return torch.logsumexp(torch.log(values["weights"])[:, None, :] + comp, dim=-1)
+        if y.ndim == 2:
+            y = y[..., None]
+        z2 = (y[:, None, :, None, :] - mu[:, :, None]) ** 2 / var[:, :, None]  # [K, M, B, C, d]
+        comp = -0.5 * (z2.sum(-1) + torch.log(var).sum(-1)[:, :, None, :] + y.shape[-1] * LOG_2PI)
+        return torch.logsumexp(torch.log(values["weights"])[:, :, None, :] + comp, dim=-1)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params

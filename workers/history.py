@@ -131,3 +131,50 @@ class History:
             if x is not None:
                 self.x[: x.shape[0]] = x.to(self.device)
             self.size = y.shape[0]
+
+
+class StackBatches:
+    """Mini-batches for a stack of models, each drawn from its own history with its own generator.
+
+    Model ``k`` draws ``batch_size`` indices uniformly with replacement from its held rows
+    (thesis eq. 4.14) with ``generators[k]``; a model with an empty history draws nothing and gets
+    zero rows (its history term carries weight ``n_prev = 0``).  With several models the held rows
+    are concatenated once per block (``O(Σ n_k)`` copies) so that each step gathers every model's
+    batch in one indexing operation; one model indexes its own buffer directly.
+    """
+
+    def __init__(self, histories: list[History], batch_size: int):
+        self.histories = histories
+        self.batch_size = batch_size
+        self.sizes = [h.size for h in histories]
+        self._flat: tuple[torch.Tensor | None, torch.Tensor, list[int]] | None = None
+
+    def _rows(self) -> tuple[torch.Tensor | None, torch.Tensor, list[int]]:
+        if self._flat is None:
+            held = [h for h in self.histories if h.size > 0]
+            ys = [h.y[: h.size] for h in held]
+            xs = [h.x[: h.size] for h in held] if held and held[0].x is not None else None
+            offsets, start = [], 0
+            for size in self.sizes:
+                offsets.append(start)
+                start += size
+            self._flat = (torch.cat(xs) if xs else None, torch.cat(ys), offsets)
+        return self._flat
+
+    def draw(self, generators: list[torch.Generator], models: list[int]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Rows ``(x: [k, batch_size, d] | None, y: [k, batch_size, ...])`` for ``models`` (positions in
+        the stack), model ``models[j]`` drawing with ``generators[j]``."""
+        if len(models) == 1 and self.sizes[models[0]] > 0:
+            h = self.histories[models[0]]
+            x, y = h.rows(h.sample_index(generators[0], self.batch_size))
+            return (x[None] if x is not None else None), y[None]
+        x, y, offsets = self._rows()
+        index = []
+        for g, k in zip(generators, models, strict=True):
+            size = self.sizes[k]
+            if size == 0:
+                index.append(torch.zeros(self.batch_size, dtype=torch.long, device=y.device))
+            else:
+                index.append(torch.randint(0, size, (self.batch_size,), generator=g, device=y.device) + offsets[k])
+        idx = torch.stack(index)
+        return (x[idx] if x is not None else None), y[idx]

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from models import make_family
-from workers import sgais
+from models.stack import StackedFamily
+from workers import sgais, stacking
 from workers.engine import ModelEngine, posterior_summary_from_bytes
 from workers.ess import conditional_ess, ess, solve_increment
+from workers.fisher import fisher_diagonal
 from workers.resampling import systematic_resample
 from workers.settings import SamplerSettings
 
@@ -91,18 +93,20 @@ def _frozen_settings(**kw) -> SamplerSettings:
     return SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=0.0, seed=0, **kw)
 
 
+def _engine(settings: SamplerSettings, **params) -> ModelEngine:
+    return ModelEngine("linear_regression", {"features": 3, **params}, settings)
+
+
 def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = _frozen_settings()
+    e = _engine(_frozen_settings())
     g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
     x, y = linear_data(40)
     # non-uniform weights before the block, as left by an earlier block without resampling
-    state = state._replace(log_w=torch.randn(8, generator=g, dtype=torch.float64))
+    e.state = e.state._replace(log_w=torch.randn(8, generator=g, dtype=torch.float64))
     x, y = x[:6], y[:6]
-    before = state.log_w.clone()
-    state, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
-    ll = family.log_likelihood(state.theta, x, y).sum(-1)
+    before = e.state.log_w.clone()
+    (info,) = e.update(x, y)
+    ll = e.family.log_likelihood(e.state.theta, x, y).sum(-1)
     expected = float(torch.logsumexp(before + ll, 0) - math.log(8))
     assert info.annealing_steps > 1
     assert info.log_evidence == pytest.approx(expected, abs=1e-9)
@@ -110,43 +114,35 @@ def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> No
 
 
 def test_resampling_preserves_the_evidence_estimate() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0)
-    g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
+    e = _engine(SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0))
     x, y = linear_data(20)
-    ll = family.log_likelihood(state.theta, x, y).sum(-1)
+    ll = e.family.log_likelihood(e.state.theta, x, y).sum(-1)
     # With a single increment (ESS target met trivially is impossible here), check the first step's identity
     # instead: after the block, Ẑ is the mean of the weights carried through resampling; with frozen particles
     # its expectation equals mean(exp(ℓ)) and every resampling keeps logsumexp(log w) unchanged at that moment.
-    state2, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    (info,) = e.update(x, y)
     assert info.resampled
-    assert torch.allclose(state2.log_w, state2.log_w[0].expand(8))
+    assert torch.allclose(e.state.log_w, e.state.log_w[0].expand(8))
     assert math.isfinite(info.log_evidence)
     assert info.log_evidence <= float(ll.max())  # a mean of likelihoods of particles that exist
 
 
 def test_guard_on_annealing_steps_is_reported() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, seed=0)
-    g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
+    e = _engine(SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, block_size=200, seed=0))
     x, y = linear_data(200)
-    _, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    (info,) = e.update(x, y)
     assert info.guard_tripped
     assert info.annealing_steps == 2
 
 
 def test_nan_in_the_block_raises_and_leaves_the_state_alone() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=8, burn_in=2, seed=0)
-    g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
+    e = _engine(SamplerSettings(particles=8, burn_in=2, seed=0))
+    state = e.state
     x, y = linear_data(10)
     y[3] = float("nan")
     with pytest.raises(sgais.NumericalError):
-        sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
-    assert state.history.seen == 0
+        e.update(x, y, validated=True)
+    assert e.state is state and state.history.seen == 0 and e.observations == 0
 
 
 # ----- determinism and checkpoints --------------------------------------------------------------
@@ -238,19 +234,17 @@ def test_analytic_gradients_match_autograd() -> None:
 
 
 def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0)
+    e = _engine(SamplerSettings(particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0))
     g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
-    assert state.theta.shape[0] == 16
-    state = state._replace(log_w=torch.randn(16, generator=g, dtype=torch.float64))
+    assert e.state.theta.shape[0] == 16
+    e.state = e.state._replace(log_w=torch.randn(16, generator=g, dtype=torch.float64))
     x, y = linear_data(20)
-    state.history.append(x[:10], y[:10])
-    reduced = sgais.reduce_particles(g, state, settings)
-    assert reduced.theta.shape == (4, family.dim)
-    assert reduced.log_evidence == pytest.approx(state.log_evidence, abs=1e-12)
-    _, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x[10:], y=y[10:])
-    assert info.ess <= 4
+    e.state.history.append(x[:10], y[:10])
+    reduced = stacking.reduce_particles(g, e.state, 4)
+    assert reduced.theta.shape == (4, e.family.dim)
+    assert reduced.log_evidence == pytest.approx(e.state.log_evidence, abs=1e-12)
+    (info,) = e.update(x[10:], y[10:])
+    assert info.ess <= 4 and e.state.theta.shape[0] == 4
 
 
 # ----- re-annealing after a change point ---------------------------------------------------------
@@ -270,14 +264,14 @@ def test_merged_population_averages_the_two_evidence_estimates() -> None:
         torch.ones(9, 2, dtype=torch.float64),
         torch.randn(9, generator=g, dtype=torch.float64) - 49.0,
     )
-    theta, velocity, log_w = sgais.merge_populations(g, a, b)
+    theta, velocity, log_w = stacking.merge_populations(g, a, b)
     z = [float(torch.logsumexp(p[2], 0)) - math.log(p[2].shape[0]) for p in (a, b)]
     assert theta.shape == (6, 2) and velocity.shape == (6, 2)
     assert torch.all(log_w == log_w[0])
     expected = max(z) + math.log1p(math.exp(min(z) - max(z))) - math.log(2)
     assert float(log_w[0]) == pytest.approx(expected, abs=1e-12)
     stuck = (a[0], a[1], a[2] - 200.0)
-    theta, _, _ = sgais.merge_populations(g, stuck, b)
+    theta, _, _ = stacking.merge_populations(g, stuck, b)
     assert torch.all(theta == 1.0)
 
 
@@ -296,7 +290,7 @@ def test_reannealing_happens_at_most_once_per_doubling_after_the_warmup() -> Non
 @pytest.mark.parametrize("horizon,expected", [(1.0, [700]), (2.0, [700, 1400]), (3.0, [700, 1400, 2800])])
 def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float, expected: list[int]) -> None:
     """Regression weights flip sign at observation 600: the block after it needs 23 annealing steps
-    (1–6 before it), and the blocks up to 1,100 still need >= 10, so the last change is at 1,100.
+    (1–6 before it), and the blocks up to ~1,100 still need >= 10, so the last change is near 1,100.
     Re-annealings: at the change (700), then at each doubling while n <= horizon * 1,100."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3000, 3, generator=g, dtype=torch.float64)
@@ -310,7 +304,9 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float, expec
     infos = e.update(x, y)
     assert max(i.annealing_steps for i in infos[3:6]) < 10 <= infos[6].annealing_steps
     assert [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
-    assert e.state.n_change == 1100
+    # the last change: the last block that needed >= 10 annealing steps (1,100 or 1,200 depending on the draws)
+    last = max(100 * (i + 1) for i, info in enumerate(infos) if i >= 3 and info.annealing_steps >= 10)
+    assert 1000 <= last <= 1300 and e.state.n_change == last
 
 
 def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
@@ -359,7 +355,8 @@ def test_fisher_diagonal_matches_per_observation_gradients() -> None:
     y = torch.randint(0, 3, (40,), generator=g).to(torch.float64)
     exact = torch.stack([family.grad_log_likelihood(theta, x[b : b + 1], y[b : b + 1]) ** 2 for b in range(40)]).mean(0)
     exact = (torch.softmax(log_w, 0)[:, None] * exact).sum(0)
-    got = sgais.fisher_diagonal(g, family, theta, log_w, x, y, probes=400)
+    stack = StackedFamily([family], torch.float64, "cpu")
+    got = fisher_diagonal([g], stack, theta[None], log_w[None], x[None], y[None], probes=400)[0]
     assert got.shape == (family.dim,)
     assert torch.allclose(got, exact, rtol=0.15)
 
