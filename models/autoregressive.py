@@ -19,6 +19,7 @@ from models.base import (
     HyperParams,
     ParameterSpec,
     as_vector,
+    bmm,
     check_nonempty_and_aligned,
     linear_gaussian_gradient,
     normal_log_prob,
@@ -99,8 +100,8 @@ class Autoregressive(Family):
         return lp
 
     def stacked_log_likelihood(self, values, x, y, hp):
-        """``coefficients: [K, M, p]``, ``intercept: [K, M]``, lag rows ``x: [K, B, p]``, ``y: [K, B]`` -> ``[K, M, B]``."""
-        mean = torch.bmm(values["coefficients"], x.transpose(1, 2)) + values["intercept"][..., None]
+        """``coefficients: [K, M, p]``, ``intercept: [K, M]``, lags ``x: [K, B, p]``, ``y: [K, B]`` -> ``[K, M, B]``."""
+        mean = bmm(values["coefficients"], x.transpose(1, 2)) + values["intercept"][..., None]
         std = hp["noise_std"][..., None] if self.known_noise else torch.sqrt(values["variance"])[..., None]
         return normal_log_prob(y[:, None, :], mean, std)
 
@@ -112,11 +113,11 @@ class Autoregressive(Family):
         if self.known_noise:
             return linear_gaussian_gradient(theta, x, y, hp["noise_std"] ** 2)
         lin, u = theta[..., :-1], theta[..., -1:]  # [K, M, p+1], [K, M, 1]
-        r = y[:, None, :] - torch.bmm(lin[..., :-1], x.transpose(1, 2)) - lin[..., -1:]  # [K, M, B]
+        r = y[:, None, :] - bmm(lin[..., :-1], x.transpose(1, 2)) - lin[..., -1:]  # [K, M, B]
         inv_var = torch.exp(-u)
         rs = r * inv_var
         du = 0.5 * ((rs * r).sum(-1, keepdim=True) - r.shape[-1])
-        return torch.cat([torch.bmm(rs, x), rs.sum(-1, keepdim=True), du], dim=-1)
+        return torch.cat([bmm(rs, x), rs.sum(-1, keepdim=True), du], dim=-1)
 
     def stacked_grad_log_prior(self, theta, hp):
         """``−θ/s²`` on the coefficients and intercept; on ``u = log σ²`` (InvGamma(a, b) with its

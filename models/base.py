@@ -436,13 +436,25 @@ def normal_log_prob(value: torch.Tensor, mean: torch.Tensor | float, std: torch.
     return -0.5 * z * z - torch.log(std) - 0.5 * LOG_2PI
 
 
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm(a: [K, m, k], b: [K, k, n]) -> [K, m, n]`` whose slice ``k`` has the same bits for any ``K``.
+
+    MKL takes another path (gemv) for a single product with one output column, so ``K = 1`` and
+    ``K ≥ 2`` would differ in the last bits; with any of ``m, k, n`` equal to 1 the product is
+    computed elementwise instead (measured: ``tests/workers/test_stack.py``).
+    """
+    if min(a.shape[-2], a.shape[-1], b.shape[-1]) == 1:
+        return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)
+    return torch.bmm(a, b)
+
+
 def linear_gaussian_gradient(
     theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, variance: torch.Tensor
 ) -> torch.Tensor:
     """``∇_θ Σ_b log N(y_b; θ[:-1]·x_b + θ[-1], σ²)`` for ``theta: [K, M, d+1]``, ``x: [K, B, d]``,
     ``y: [K, B]``, ``variance: [K, 1]`` -> ``[K, M, d+1]`` (residual ``r = (y − w·x − b)/σ²``)."""
-    r = (y[:, None, :] - torch.bmm(theta[..., :-1], x.transpose(1, 2)) - theta[..., -1:]) / variance[..., None]
-    return torch.cat([torch.bmm(r, x), r.sum(-1, keepdim=True)], dim=-1)
+    r = (y[:, None, :] - bmm(theta[..., :-1], x.transpose(1, 2)) - theta[..., -1:]) / variance[..., None]
+    return torch.cat([bmm(r, x), r.sum(-1, keepdim=True)], dim=-1)
 
 
 def as_labels(value: Any, field: str, classes: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ from models.base import (
     ParameterSpec,
     as_labels,
     as_matrix,
+    bmm,
     check_nonempty_and_aligned,
     normal_log_prob,
     require_x,
@@ -95,11 +96,11 @@ class BayesianNeuralNetwork(Family):
         K, M, H, d = W0.shape
         B = x.shape[1]
         # first layer: x is shared by a model's particles
-        h = torch.bmm(W0.reshape(K, M * H, d), x.transpose(1, 2)).reshape(K, M, H, B).transpose(2, 3)
+        h = bmm(W0.reshape(K, M * H, d), x.transpose(1, 2)).reshape(K, M, H, B).transpose(2, 3)
         h = (h + values["b0"][:, :, None, :]).reshape(K * M, B, H)
         for i in range(1, L):
             W, b = values[f"W{i}"], values[f"b{i}"]
-            h = torch.baddbmm(b.reshape(K * M, 1, -1), torch.tanh(h), W.reshape(K * M, *W.shape[2:]).transpose(1, 2))
+            h = b.reshape(K * M, 1, -1) + bmm(torch.tanh(h), W.reshape(K * M, *W.shape[2:]).transpose(1, 2))
         return h.reshape(K, M, B, -1)
 
     def stacked_log_prior(self, values, hp):

@@ -17,6 +17,7 @@ from models.base import (
     ParameterSpec,
     as_matrix,
     as_vector,
+    bmm,
     check_nonempty_and_aligned,
     linear_gaussian_gradient,
     normal_log_prob,
@@ -56,7 +57,7 @@ class LinearRegression(Family):
 
     def stacked_log_likelihood(self, values, x, y, hp):
         """``w: [K, M, d]``, ``b: [K, M]``, ``x: [K, B, d]``, ``y: [K, B]`` -> ``[K, M, B]`` (nats)."""
-        mean = torch.bmm(values["w"], x.transpose(1, 2)) + values["b"][..., None]
+        mean = bmm(values["w"], x.transpose(1, 2)) + values["b"][..., None]
         return normal_log_prob(y[:, None, :], mean, hp["noise_std"][..., None])
 
     analytic_gradients = True

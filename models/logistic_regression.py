@@ -17,6 +17,7 @@ from models.base import (
     ParameterSpec,
     as_labels,
     as_matrix,
+    bmm,
     check_nonempty_and_aligned,
     normal_log_prob,
     require_x,
@@ -62,7 +63,7 @@ class LogisticRegression(Family):
     def stacked_log_likelihood(self, values, x, y, hp):
         """``W: [K, M, C, d]``, ``b: [K, M, C]``, ``x: [K, B, d]``, ``y: [K, B]`` -> ``[K, M, B]`` (nats)."""
         K, M, C, d = values["W"].shape
-        logits = torch.bmm(values["W"].reshape(K, M * C, d), x.transpose(1, 2))  # [K, M·C, B]
+        logits = bmm(values["W"].reshape(K, M * C, d), x.transpose(1, 2))  # [K, M·C, B]
         logits = logits.reshape(K, M, C, -1).transpose(2, 3) + values["b"][:, :, None, :]  # [K, M, B, C]
         logp = torch.log_softmax(logits, dim=-1)
         idx = y.long()[:, None, :, None].expand(K, M, -1, 1)

@@ -37,9 +37,9 @@ def fisher_diagonal(
         ll = family.log_likelihood(t, x, y)  # [K, M, B]
         total = torch.zeros_like(theta, dtype=torch.float64)
         for p in range(probes):
-            s = torch.stack(
-                [torch.randint(0, 2, (B,), generator=g, device=theta.device) for g in generators]
-            ).to(ll.dtype)
+            s = torch.stack([torch.randint(0, 2, (B,), generator=g, device=theta.device) for g in generators]).to(
+                ll.dtype
+            )
             (g,) = torch.autograd.grad((ll * (2 * s - 1)[:, None, :]).sum(), t, retain_graph=p + 1 < probes)
             total += g.to(torch.float64) ** 2
     W = torch.softmax(log_w, -1)[..., None]

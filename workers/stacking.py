@@ -433,7 +433,9 @@ def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGA
         if isinstance(info, sgais.NumericalError):
             raise info
     theta, velocity, log_w = merge_populations(
-        m.generator, (state.theta, state.velocity, state.log_w), (fresh.state.theta, fresh.state.velocity, fresh.state.log_w)
+        m.generator,
+        (state.theta, state.velocity, state.log_w),
+        (fresh.state.theta, fresh.state.velocity, fresh.state.log_w),
     )
     one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
     floor = torch.minimum(state.posterior_var, fresh.state.posterior_var) / 4
