@@ -21,7 +21,9 @@ from models.base import (
     as_vector,
     bmm,
     check_nonempty_and_aligned,
+    gaussian_prior_statistics,
     linear_gaussian_gradient,
+    linear_gaussian_statistics,
     normal_log_prob,
     require_no_x,
 )
@@ -118,6 +120,16 @@ class Autoregressive(Family):
         rs = r * inv_var
         du = 0.5 * ((rs * r).sum(-1, keepdim=True) - r.shape[-1])
         return torch.cat([bmm(rs, x), rs.sum(-1, keepdim=True), du], dim=-1)
+
+    @property
+    def quadratic(self) -> bool:  # type: ignore[override]
+        return self.known_noise
+
+    def stacked_gradient_statistics(self, x, y, hp):
+        return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)
+
+    def stacked_prior_statistics(self, hp):
+        return gaussian_prior_statistics(hp["prior_std"], self.dim)
 
     def stacked_grad_log_prior(self, theta, hp):
         """``−θ/s²`` on the coefficients and intercept; on ``u = log σ²`` (InvGamma(a, b) with its

@@ -233,6 +233,22 @@ class Family(ABC):
             (g,) = torch.autograd.grad((self.stacked_log_prior(values, hp) + log_det).sum(), t)
         return g
 
+    #: True when the family's log-likelihood is Gaussian and linear in θ (so ``Σ_b ∇ log p(y_b|θ) = c − θ A``)
+    #: and its prior is Gaussian: the estimators then work with the statistics of a block or
+    #: mini-batch (:meth:`stacked_gradient_statistics`, :meth:`stacked_prior_statistics`).
+    quadratic: bool = False
+
+    def stacked_gradient_statistics(
+        self, x: torch.Tensor | None, y: torch.Tensor | None, hp: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, Any]:
+        """``(A: [K, D, D], c: [K, D])`` with ``Σ_b ∇_θ log p(y_b|θ) = c − θ A`` (``quadratic`` families);
+        ``y = None`` asks for ``A`` alone (``c`` None)."""
+        raise NotImplementedError(f"{self.name} is not a quadratic family")
+
+    def stacked_prior_statistics(self, hp: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A0: [K, D, D], c0: [K, D])`` with ``∇_θ log p(θ) = c0 − θ A0`` (``quadratic`` families)."""
+        raise NotImplementedError(f"{self.name} is not a quadratic family")
+
     # ----- one model (a stack of one) -----------------------------------------------------------
     @property
     def dim(self) -> int:
@@ -455,6 +471,25 @@ def linear_gaussian_gradient(
     ``y: [K, B]``, ``variance: [K, 1]`` -> ``[K, M, d+1]`` (residual ``r = (y − w·x − b)/σ²``)."""
     r = (y[:, None, :] - bmm(theta[..., :-1], x.transpose(1, 2)) - theta[..., -1:]) / variance[..., None]
     return torch.cat([bmm(r, x), r.sum(-1, keepdim=True)], dim=-1)
+
+
+def linear_gaussian_statistics(
+    x: torch.Tensor, y: torch.Tensor | None, variance: torch.Tensor
+) -> tuple[torch.Tensor, Any]:
+    """``(A, c)`` of ``Σ_b ∇_θ log N(y_b; θ·z_b, σ²) = c − θ A`` with ``z_b = [x_b, 1]``:
+    ``A = ZᵀZ/σ²: [K, d+1, d+1]``, ``c = Zᵀy/σ²: [K, d+1]`` for ``x: [K, B, d]``, ``y: [K, B]``,
+    ``variance: [K, 1]``.  With ``y = None`` only ``A`` (``c`` is None)."""
+    z = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)  # [K, B, D]
+    zt = z.transpose(1, 2)
+    if y is None:  # the curvature alone
+        return bmm(zt, z) / variance[..., None], None
+    return bmm(zt, z) / variance[..., None], (zt * y[:, None, :]).sum(-1) / variance
+
+
+def gaussian_prior_statistics(std: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A0, c0)`` of ``∇_θ log N(θ; 0, s² I) = c0 − θ A0``: ``A0 = I/s²: [K, D, D]``, ``c0 = 0: [K, D]``."""
+    eye = torch.eye(D, dtype=std.dtype, device=std.device)
+    return eye / (std[..., None] ** 2), std.new_zeros(std.shape[0], D)
 
 
 def as_labels(value: Any, field: str, classes: int) -> torch.Tensor:

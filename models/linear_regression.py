@@ -19,7 +19,9 @@ from models.base import (
     as_vector,
     bmm,
     check_nonempty_and_aligned,
+    gaussian_prior_statistics,
     linear_gaussian_gradient,
+    linear_gaussian_statistics,
     normal_log_prob,
     require_x,
 )
@@ -69,6 +71,14 @@ class LinearRegression(Family):
     def stacked_grad_log_prior(self, theta, hp):
         """``−θ / prior_std²`` (w and b are unconstrained, so no Jacobian term)."""
         return -theta / hp["prior_std"][..., None] ** 2
+
+    quadratic = True
+
+    def stacked_gradient_statistics(self, x, y, hp):
+        return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)
+
+    def stacked_prior_statistics(self, hp):
+        return gaussian_prior_statistics(hp["prior_std"], self.dim)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         s = self.params.prior_std

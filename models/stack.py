@@ -10,6 +10,7 @@ tensor arithmetic (``Family.stacked_*``), one call for all ``K`` models.  Famili
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -59,6 +60,19 @@ class StackedFamily:
     @property
     def analytic_gradients(self) -> bool:
         return self.family.analytic_gradients
+
+    @property
+    def quadratic(self) -> bool:
+        return self.family.quadratic
+
+    def gradient_statistics(self, x: torch.Tensor | None, y: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        """``(A: [K, D, D], c: [K, D])``: ``Σ_b ∇ log p(y_b|θ) = c − θ A`` (quadratic families; ``y = None``:
+        ``A`` alone)."""
+        return self.family.stacked_gradient_statistics(x, y, self.hp)
+
+    def prior_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A0: [K, D, D], c0: [K, D])``: ``∇ log p(θ) = c0 − θ A0`` (quadratic families)."""
+        return self.family.stacked_prior_statistics(self.hp)
 
     def log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         """``theta: [K, M, D]``, ``x: [K, B, d] | None``, ``y: [K, B, ...]`` -> ``[K, M, B]`` (nats)."""

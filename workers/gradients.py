@@ -9,9 +9,9 @@ and SGHMC needs ``∇U`` at every particle.  The prior and block terms are exact
 replacement from ``H``.  Estimators wrap estimators (BlackJAX ``sgmcmc/gradients.py``): a history
 estimator is ``(theta: [K, M, D], batch) -> [K, M, D]``, an estimate of ``∇ Σ_{y∈H} log p(y|θ)``.
 
-* :func:`minibatch` — the thesis's ``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)`` (eq. 4.14).  Its
+* :class:`Minibatch` — the thesis's ``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)`` (eq. 4.14).  Its
   variance grows like ``n_prev²/|B|``.
-* :func:`control_variates` — wraps any estimator around per-particle anchors ``a_i`` with the
+* :class:`ControlVariates` — wraps any estimator around per-particle anchors ``a_i`` with the
   exact history gradient ``G_i = Σ_{y∈H} ∇ log p(y|a_i)``, kept in the estimator's own state:
   ``G_i + est(θ_i, B) − est(a_i, B)`` (Baker, Fearnhead, Fox & Nemeth 2019, "Control variates for
   stochastic gradient MCMC", eq. 8; Dubey et al. 2016).  Its variance scales with ``|θ_i − a_i|²``,
@@ -22,10 +22,11 @@ estimator is ``(theta: [K, M, D], batch) -> [K, M, D]``, an estimate of ``∇ Σ
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
+from models.base import bmm
 from models.stack import StackedFamily
 
 
@@ -36,41 +37,93 @@ class Batch(NamedTuple):
     y: torch.Tensor
 
 
-HistoryEstimator = Callable[[torch.Tensor, Batch], torch.Tensor]
 PotentialGradient = Callable[[torch.Tensor, Batch | None], torch.Tensor]
 
 
-def minibatch(model: StackedFamily, scale: torch.Tensor) -> HistoryEstimator:
-    """``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)`` (thesis eq. 4.14); ``scale: [K]`` is ``n_prev/|B|`` per model."""
-    s = scale[:, None, None].to(model.hp_dtype)
+class HistoryEstimator(Protocol):
+    """An estimate of ``∇ Σ_{y∈H} log p(y|θ)`` from a mini-batch: ``(theta: [K, M, D], batch) -> [K, M, D]``."""
 
-    def estimate(theta: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return s * model.grad_log_likelihood(theta, batch.x, batch.y)
+    def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor: ...
 
-    return estimate
+    def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``est(θ, B) − est(a, B)`` on the same batch, ``theta, anchor: [K, M, D]``."""
+        ...
 
 
-def control_variates(base: HistoryEstimator, anchor: torch.Tensor, anchor_grad: torch.Tensor) -> HistoryEstimator:
-    """``G + base(θ, B) − base(a, B)`` (Baker et al. 2019, eq. 8) with ``anchor, anchor_grad: [K, M, D]``.
+class Minibatch:
+    """``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)`` (thesis eq. 4.14); ``scale: [K]`` is ``n_prev/|B|`` per model.
 
-    ``base`` runs once on the particles and their anchors side by side (``[K, 2M, D]``).
+    For quadratic families (``model.quadratic``) it works with the batch's statistics ``(A_B, c_B)``:
+    ``scale · (c_B − θ A_B)``, and the difference at two points is ``−scale · (θ − a) A_B``.
     """
 
-    def estimate(theta: torch.Tensor, batch: Batch) -> torch.Tensor:
-        M = theta.shape[1]
-        g = base(torch.cat([theta, anchor], 1), batch)
-        return g[:, :M] - g[:, M:] + anchor_grad
+    def __init__(self, model: StackedFamily, scale: torch.Tensor):
+        self.model = model
+        self.scale = scale[:, None, None].to(model.hp_dtype)
 
-    return estimate
+    def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if self.model.quadratic:
+            A, c = self.model.gradient_statistics(batch.x, batch.y)
+            return self.scale * (c[:, None, :] - bmm(theta, A))
+        return self.scale * self.model.grad_log_likelihood(theta, batch.x, batch.y)
+
+    def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if self.model.quadratic:
+            A, _ = self.model.gradient_statistics(batch.x, None)
+            return -self.scale * bmm(theta - anchor, A)
+        M = theta.shape[1]
+        g = self(torch.cat([theta, anchor], 1), batch)  # one evaluation for particles and anchors
+        return g[:, :M] - g[:, M:]
+
+
+class ControlVariates:
+    """``G + base(θ, B) − base(a, B)`` (Baker et al. 2019, eq. 8) around anchors ``anchor: [K, M, D]``
+    with exact history gradients ``anchor_grad: [K, M, D]`` (the estimator's own state)."""
+
+    def __init__(self, base: HistoryEstimator, anchor: torch.Tensor, anchor_grad: torch.Tensor):
+        self.base, self.anchor, self.anchor_grad = base, anchor, anchor_grad
+
+    def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self.anchor_grad + self.base.difference(theta, self.anchor, batch)
+
+    def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self.base.difference(theta, anchor, batch)
+
+
+def minibatch(model: StackedFamily, scale: torch.Tensor) -> Minibatch:
+    """The plain mini-batch estimator (:class:`Minibatch`)."""
+    return Minibatch(model, scale)
+
+
+def control_variates(base: HistoryEstimator, anchor: torch.Tensor, anchor_grad: torch.Tensor) -> ControlVariates:
+    """Wrap ``base`` with control variates (:class:`ControlVariates`)."""
+    return ControlVariates(base, anchor, anchor_grad)
 
 
 def potential_gradient(
     model: StackedFamily, block: Batch, lam: torch.Tensor, history: HistoryEstimator | None
 ) -> PotentialGradient:
-    """``∇Û(θ) = −∇ log p(θ) − λ_k ∇ Σ_{y∈C} log p(y|θ) − history(θ, B)`` with ``lam: [K]`` (eq. 4.14)."""
+    """``∇Û(θ) = −∇ log p(θ) − λ_k ∇ Σ_{y∈C} log p(y|θ) − history(θ, B)`` with ``lam: [K]`` (eq. 4.14).
+
+    Quadratic families fold the prior and the block into ``(P, q) = (A0 + λA, c0 + λc)`` once, so a
+    step's exact part is ``q − θ P`` whatever the block length.
+    """
+    if model.quadratic:
+        A0, c0 = model.prior_statistics()
+        A, c = model.gradient_statistics(block.x, block.y)
+        lam_t = lam.to(A.dtype)
+        P, q = A0 + lam_t[:, None, None] * A, (c0 + lam_t[:, None] * c)[:, None, :]
+
+        def exact(theta: torch.Tensor) -> torch.Tensor:
+            return q - bmm(theta, P)
+
+    else:
+
+        def exact(theta: torch.Tensor) -> torch.Tensor:
+            return model.grad_log_target(theta, block.x, block.y, lam)
 
     def grad_u(theta: torch.Tensor, batch: Batch | None) -> torch.Tensor:
-        g = model.grad_log_target(theta, block.x, block.y, lam)
+        g = exact(theta)
         if history is not None and batch is not None:
             g = g + history(theta, batch)
         return -g
