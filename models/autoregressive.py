@@ -22,6 +22,7 @@ from models.base import (
     bmm,
     check_nonempty_and_aligned,
     gaussian_prior_statistics,
+    linear_gaussian_fisher,
     linear_gaussian_gradient,
     linear_gaussian_statistics,
     normal_log_prob,
@@ -130,6 +131,9 @@ class Autoregressive(Family):
 
     def stacked_prior_statistics(self, hp):
         return gaussian_prior_statistics(hp["prior_std"], self.dim)
+
+    def stacked_fisher(self, theta, weights, x, y, hp):
+        return linear_gaussian_fisher(theta, x, y, hp["noise_std"] ** 2, weights)
 
     def stacked_grad_log_prior(self, theta, hp):
         """``−θ/s²`` on the coefficients and intercept; on ``u = log σ²`` (InvGamma(a, b) with its

@@ -249,6 +249,12 @@ class Family(ABC):
         """``(A0: [K, D, D], c0: [K, D])`` with ``∇_θ log p(θ) = c0 − θ A0`` (``quadratic`` families)."""
         raise NotImplementedError(f"{self.name} is not a quadratic family")
 
+    def stacked_fisher(
+        self, theta: torch.Tensor, weights: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict
+    ) -> torch.Tensor:
+        """Exact empirical Fisher diagonal ``[K, D]`` (``quadratic`` families; see ``workers.fisher``)."""
+        raise NotImplementedError(f"{self.name} has no exact Fisher diagonal")
+
     # ----- one model (a stack of one) -----------------------------------------------------------
     @property
     def dim(self) -> int:
@@ -484,6 +490,17 @@ def linear_gaussian_statistics(
     if y is None:  # the curvature alone
         return bmm(zt, z) / variance[..., None], None
     return bmm(zt, z) / variance[..., None], (zt * y[:, None, :]).sum(-1) / variance
+
+
+def linear_gaussian_fisher(
+    theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, variance: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Exact per-observation empirical Fisher diagonal ``[K, D]`` of ``N(y; θ·z, σ²)``, ``z = [x, 1]``:
+    ``f_d = Σ_i W_i (1/B) Σ_b (r_ib z_bd)²`` with ``r = (y − θ·z)/σ²`` and normalised ``weights: [K, M]``."""
+    z = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)  # [K, B, D]
+    r = (y[:, None, :] - bmm(theta, z.transpose(1, 2))) / variance[..., None]  # [K, M, B]
+    per_particle = bmm(r * r, z * z)  # [K, M, D]
+    return (weights[..., None] * per_particle).sum(1) / y.shape[1]
 
 
 def gaussian_prior_statistics(std: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor]:

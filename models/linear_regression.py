@@ -20,6 +20,7 @@ from models.base import (
     bmm,
     check_nonempty_and_aligned,
     gaussian_prior_statistics,
+    linear_gaussian_fisher,
     linear_gaussian_gradient,
     linear_gaussian_statistics,
     normal_log_prob,
@@ -79,6 +80,9 @@ class LinearRegression(Family):
 
     def stacked_prior_statistics(self, hp):
         return gaussian_prior_statistics(hp["prior_std"], self.dim)
+
+    def stacked_fisher(self, theta, weights, x, y, hp):
+        return linear_gaussian_fisher(theta, x, y, hp["noise_std"] ** 2, weights)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         s = self.params.prior_std

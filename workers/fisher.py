@@ -29,8 +29,12 @@ def fisher_diagonal(
     ``y: [K, B, ...]``.  Per-observation gradients are never formed: for a Rademacher vector
     ``s: [B]``, ``E_s[(Σ_b s_b ∇ log p(y_b|θ))²] = Σ_b (∇ log p(y_b|θ))²`` (Hutchinson's trick),
     averaged over ``probes`` vectors, model k's drawn from ``generators[k]``; one autograd call
-    per probe for the whole stack.
+    per probe for the whole stack.  Quadratic families (linear-Gaussian likelihoods) have the exact
+    sum in closed form (``Family.stacked_fisher``) and draw nothing.
     """
+    if family.quadratic:
+        W = torch.softmax(log_w, -1).to(theta.dtype)
+        return family.family.stacked_fisher(theta, W, x, y, family.hp).to(torch.float64)
     B = y.shape[1]
     with torch.enable_grad():
         t = theta.detach().requires_grad_(True)

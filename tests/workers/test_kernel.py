@@ -394,3 +394,30 @@ def test_divergence_is_detected_not_absorbed() -> None:
     with pytest.raises(sgais.NumericalError, match="diverged"):
         for a in range(0, 1500, 500):
             engine.update(x[a : a + 500], y[a : a + 500])
+
+
+@pytest.mark.parametrize(
+    "name,params",
+    [("linear_regression", {"features": 3, "noise_std": 0.7}), ("autoregressive", {"order": 2, "noise_std": 0.5})],
+)
+def test_quadratic_families_have_the_exact_fisher_diagonal_and_gradient_statistics(name, params) -> None:
+    """Linear-Gaussian families: the Fisher diagonal is the exact per-observation sum (no probes), and
+    ``c − θA`` from the block statistics equals the closed-form gradient of the log-likelihood."""
+    family = make_family(name, params)
+    stack = StackedFamily([family], torch.float64, "cpu")
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(1, 8, family.dim, generator=g, dtype=torch.float64)
+    log_w = torch.randn(1, 8, generator=g, dtype=torch.float64)
+    x = torch.randn(1, 40, family.dim - 1, generator=g, dtype=torch.float64)
+    y = torch.randn(1, 40, generator=g, dtype=torch.float64)
+    per_obs = torch.stack(
+        [family.grad_log_likelihood(theta[0], x[0, b : b + 1], y[0, b : b + 1]) ** 2 for b in range(40)]
+    )
+    expected = (torch.softmax(log_w[0], 0)[:, None] * per_obs.mean(0)).sum(0)
+    torch.testing.assert_close(fisher_diagonal([g], stack, theta, log_w, x, y)[0], expected, rtol=1e-10, atol=0)
+    A, c = stack.gradient_statistics(x, y)
+    torch.testing.assert_close(
+        c[:, None, :] - theta @ A, stack.grad_log_likelihood(theta, x, y), rtol=1e-10, atol=1e-10
+    )
+    A0, c0 = stack.prior_statistics()
+    torch.testing.assert_close(c0[:, None, :] - theta @ A0, stack.grad_log_prior(theta), rtol=1e-12, atol=1e-12)
