@@ -91,6 +91,36 @@ class GaussianMixture(Family):
         comp = -0.5 * (z2.sum(-1) + torch.log(var).sum(-1)[:, :, None, :] + y.shape[-1] * LOG_2PI)
         return torch.logsumexp(torch.log(values["weights"])[:, :, None, :] + comp, dim=-1)
 
+    @property
+    def analytic_gradients(self) -> bool:  # type: ignore[override]
+        """One component: closed-form gradients from the block's sums (no per-observation work)."""
+        return self.params.components == 1
+
+    def stacked_grad_log_likelihood(self, theta, x, y, hp):
+        """One component, ``θ = [μ, u = log σ²]`` (the simplex of one weight has no coordinate), with the
+        block's sums ``S0 = B``, ``S1 = Σ y``, ``S2 = Σ y²``: ``∂_μ = (S1 − μ S0)/σ²`` and
+        ``∂_u = ((S2 − 2μ S1 + μ² S0)/σ² − S0) / 2``.  ``[K, M, 2d]``."""
+        if self.params.components != 1:
+            return super().stacked_grad_log_likelihood(theta, x, y, hp)
+        if y.ndim == 2:
+            y = y[..., None]
+        d = self.params.dim
+        mu, iv = theta[..., :d], torch.exp(-theta[..., d:])
+        S0, S1, S2 = float(y.shape[1]), y.sum(1)[:, None, :], (y * y).sum(1)[:, None, :]
+        g_u = 0.5 * ((S2 - 2.0 * mu * S1 + mu * mu * S0) * iv - S0)
+        return torch.cat([(S1 - mu * S0) * iv, g_u], dim=-1)
+
+    def stacked_grad_log_prior(self, theta, hp):
+        """One component: ``μ | σ² ~ N(0, ms·σ²)``, ``σ² ~ InvGamma(a, b)`` with the log-Jacobian ``u``:
+        ``∂_μ = −μ/(ms σ²)``, ``∂_u = −a + b/σ² + μ²/(2 ms σ²) − 1/2``.  ``[K, M, 2d]``."""
+        if self.params.components != 1:
+            return super().stacked_grad_log_prior(theta, hp)
+        d = self.params.dim
+        a, b, ms = (hp[k][..., None] for k in ("variance_shape", "variance_scale", "mean_scale"))
+        mu, iv = theta[..., :d], torch.exp(-theta[..., d:])
+        g_mu = -mu * iv / ms
+        return torch.cat([g_mu, -a + b * iv - 0.5 * mu * g_mu - 0.5], dim=-1)
+
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params
         K, d = p.components, p.dim

@@ -221,16 +221,32 @@ def test_posterior_summary_from_a_checkpoint_equals_the_engines(dtype: str) -> N
     assert posterior_summary_from_bytes(e.to_bytes(include_history=False)) == e.posterior_summary()
 
 
-def test_analytic_gradients_match_autograd() -> None:
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 2.0}),
+        ("autoregressive", {"order": 3, "noise_std": 0.5, "prior_std": 0.8}),
+        ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
+        ("gmm", {"dim": 2, "components": 1, "variance_shape": 2.5, "variance_scale": 0.5, "mean_scale": 3.0}),
+    ],
+)
+def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
     from models.base import Family
 
-    family = make_family("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 2.0})
+    family = make_family(name, params)
     assert family.analytic_gradients
+    hp = family.hyper_tensors(torch.float64)
     g = torch.Generator().manual_seed(5)
-    theta = torch.randn(4, family.dim, generator=g, dtype=torch.float64)
-    x, y = linear_data(30)
-    assert torch.allclose(family.grad_log_likelihood(theta, x, y), Family.grad_log_likelihood(family, theta, x, y))
-    assert torch.allclose(family.grad_log_prior(theta), Family.grad_log_prior(family, theta))
+    theta = torch.randn(1, 4, family.dim, generator=g, dtype=torch.float64)
+    x, y = linear_data(30, d=params.get("features", params.get("order", 2)))
+    if name == "gmm":
+        x, y = None, torch.randn(30, 2, generator=g, dtype=torch.float64)
+    xs = x[None] if x is not None else None
+    got = family.stacked_grad_log_likelihood(theta, xs, y[None], hp)
+    torch.testing.assert_close(got, Family.stacked_grad_log_likelihood(family, theta, xs, y[None], hp))
+    torch.testing.assert_close(
+        family.stacked_grad_log_prior(theta, hp), Family.stacked_grad_log_prior(family, theta, hp)
+    )
 
 
 def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
