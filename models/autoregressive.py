@@ -111,16 +111,23 @@ class Autoregressive(Family):
     analytic_gradients = True
 
     def stacked_grad_log_likelihood(self, theta, x, y, hp):
-        """Closed form.  Known noise: as linear regression on the lags.  Unknown: with ``u = log σ²``
-        and ``r = y − a·x − c``, ``∇_{a,c} = Σ r [x, 1] / σ²`` and ``∂_u = Σ (r²/σ² − 1) / 2``."""
+        """Closed form.  Known noise: as linear regression on the lags.  Unknown: with ``u = log σ²``,
+        ``z = [x, 1]`` and ``r = y − θ·z``, ``∇_θ = Σ r z / σ²`` and ``∂_u = Σ (r²/σ² − 1) / 2``, both from
+        the sums ``ZᵀZ``, ``Zᵀy``, ``yᵀy`` (``Σ r² = yᵀy − 2θ·Zᵀy + θᵀZᵀZθ``)."""
         if self.known_noise:
             return linear_gaussian_gradient(theta, x, y, hp["noise_std"] ** 2)
+        # From the rows' statistics A = ZᵀZ, c = Zᵀy, s = yᵀy (z = [lags, 1]): O(B·D²) per call, not O(M·B·D).
+        A, c = linear_gaussian_statistics(x, y, torch.ones_like(y[:, :1]))
         lin, u = theta[..., :-1], theta[..., -1:]  # [K, M, p+1], [K, M, 1]
-        r = y[:, None, :] - bmm(lin[..., :-1], x.transpose(1, 2)) - lin[..., -1:]  # [K, M, B]
-        inv_var = torch.exp(-u)
-        rs = r * inv_var
-        du = 0.5 * ((rs * r).sum(-1, keepdim=True) - r.shape[-1])
-        return torch.cat([bmm(rs, x), rs.sum(-1, keepdim=True), du], dim=-1)
+        lin_a = bmm(lin, A)
+        iv = torch.exp(-u)
+        c3 = c[:, None, :]
+        rss = (
+            (y * y).sum(-1)[:, None, None]
+            - 2.0 * (lin * c3).sum(-1, keepdim=True)
+            + (lin * lin_a).sum(-1, keepdim=True)
+        )
+        return torch.cat([(c3 - lin_a) * iv, 0.5 * (rss * iv - y.shape[1])], dim=-1)
 
     @property
     def quadratic(self) -> bool:  # type: ignore[override]
