@@ -26,7 +26,10 @@ import time
 import torch
 
 FAMILIES = {
-    "gmm": lambda k: ("gmm", {"dim": 1, "components": 1, "variance_shape": 1.0 + (k % 7) / 7, "mean_scale": 1.0 + k % 5}),
+    "gmm": lambda k: (
+        "gmm",
+        {"dim": 1, "components": 1, "variance_shape": 1.0 + (k % 7) / 7, "mean_scale": 1.0 + k % 5},
+    ),
     "ar1": lambda k: ("autoregressive", {"order": 1, "prior_std": 1.0 + (k % 3) / 3}),
     "lr5": lambda k: ("linear_regression", {"features": 5, "prior_std": 1.0 + (k % 3) / 3}),
 }

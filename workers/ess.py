@@ -18,6 +18,8 @@ each computed with exactly the arithmetic it would get alone (row-wise reduction
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -90,7 +92,7 @@ def solve_increment(
             raise FloatingPointError("log-likelihood of the block is -inf for every particle")
         floor = torch.where(finite, log_lik, torch.inf).min(-1, keepdim=True).values - 1e4
         log_lik = torch.where(finite, log_lik, floor)
-    opts = {"dtype": torch.float64, "device": log_w.device}
+    opts: dict[str, Any] = {"dtype": torch.float64, "device": log_w.device}
     K, M = log_w.shape
     target = torch.as_tensor(target, **opts).expand(K)
     hi = torch.as_tensor(remaining, **opts).expand(K).clone()

@@ -7,6 +7,7 @@ randomness from ``generators[k]`` alone, so its ancestors do not depend on the o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ def systematic(generators: Sequence[torch.Generator], log_w: torch.Tensor, count
     ``(u_k + j) / count`` that falls in its cumulative-weight interval.  Expected copies equal
     ``count · W_i``; the variance is lower than multinomial resampling.
     """
-    opts = {"dtype": torch.float64, "device": log_w.device}
+    opts: dict[str, Any] = {"dtype": torch.float64, "device": log_w.device}
     u = torch.stack([torch.rand((), generator=g, **opts) for g in generators])
     W = torch.softmax(log_w.to(torch.float64), -1)
     cdf = torch.cumsum(W, -1)

@@ -32,7 +32,7 @@ import torch
 from models.base import Family
 from models.stack import StackedFamily
 from workers.ess import ess, solve_increment
-from workers.gradients import Batch, control_variates, minibatch, potential_gradient
+from workers.gradients import Batch, HistoryEstimator, control_variates, minibatch, potential_gradient
 from workers.history import StackBatches
 from workers.resampling import Resampler
 from workers.sghmc import sghmc_step, standard_normal
@@ -271,7 +271,7 @@ def _move(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``burn_in_k`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54)."""
     s, fam = block.settings, block.family
-    history = None
+    history: HistoryEstimator | None = None
     if block.batches is not None:
         history = minibatch(fam, block.n_prev / block.batches.batch_size)
         if s.control_variates:

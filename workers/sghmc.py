@@ -12,6 +12,7 @@ its own generator.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ import torch
 def standard_normal(generators: Sequence[torch.Generator], shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """``[K, *shape]`` standard normal draws, row ``k`` from ``generators[k]`` (K calls; measured in
     ``bench/stack_kernel.py``)."""
-    opts = {"dtype": like.dtype, "device": like.device}
+    opts: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
     if len(generators) == 1:
         return torch.randn(shape, generator=generators[0], **opts)[None]
     return torch.stack([torch.randn(shape, generator=g, **opts) for g in generators])

@@ -269,9 +269,10 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     state = sgais.StackState(
         *(torch.stack([getattr(st, f) for st in states]) for f in sgais.StackState._fields)
     )  # fmt: skip
-    x = torch.stack([p.x for p in group]) if group[0].x is not None else None
+    xs = [p.x for p in group if p.x is not None]
+    x = torch.stack(xs) if xs else None
     y = torch.stack([p.y for p in group])
-    f64 = {"dtype": torch.float64, "device": device}
+    f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
     histories = [st.history for st in states]
     fisher = torch.ones(state.posterior_var.shape, **f64)
     need = [k for k, p in enumerate(group) if p.fisher]
