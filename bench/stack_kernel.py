@@ -135,8 +135,9 @@ def main() -> None:
         base = next(r for k, mode, r in rows if mode == "loop")["model_block_ms"]
         for K, mode, r in rows:
             ns = 1e3 * r["model_step_us"] / r["terms_per_step"]
+            speedup = base / r["model_block_ms"]
             print(f"{K:>6} {mode:>9} {r['model_block_ms']:>15.3f} {r['model_step_us']:>14.1f} {ns:>8.1f} "
-                  f"{r['particles']:>3} {r['steps_per_block']:>11.1f} {base / r['model_block_ms']:>10.1f}x")  # fmt: skip
+                  f"{r['particles']:>3} {r['steps_per_block']:>11.1f} {speedup:>10.1f}x")  # fmt: skip
     per_model, one = generator_cost()
     print(f"\nnoise for 1000 models × 50 × 3 from 1000 generators: {per_model * 1e3:.2f} ms; one generator: "
           f"{one * 1e3:.2f} ms (per-model generators cost {per_model / one:.0f}× the draw)")  # fmt: skip

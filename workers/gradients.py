@@ -31,10 +31,12 @@ from models.stack import StackedFamily
 
 
 class Batch(NamedTuple):
-    """Likelihood rows of a stack: ``x: [K, B, d] | None``, ``y: [K, B, ...]``."""
+    """Likelihood rows of a stack: ``x: [K, B, d] | None``, ``y: [K, B, ...]``; for quadratic families
+    the rows may be replaced by their precomputed statistics ``stats = (A: [K, D, D], c: [K, D] | None)``."""
 
     x: torch.Tensor | None
-    y: torch.Tensor
+    y: torch.Tensor | None
+    stats: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
 
 PotentialGradient = Callable[[torch.Tensor, Batch | None], torch.Tensor]
@@ -63,13 +65,14 @@ class Minibatch:
 
     def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
-            A, c = self.model.gradient_statistics(batch.x, batch.y)
+            A, c = batch.stats if batch.stats is not None else self.model.gradient_statistics(batch.x, batch.y)
             return self.scale * (c[:, None, :] - bmm(theta, A))
+        assert batch.y is not None
         return self.scale * self.model.grad_log_likelihood(theta, batch.x, batch.y)
 
     def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
-            A, _ = self.model.gradient_statistics(batch.x, None)
+            A = batch.stats[0] if batch.stats is not None else self.model.gradient_statistics(batch.x, None)[0]
             return -self.scale * bmm(theta - anchor, A)
         M = theta.shape[1]
         g = self(torch.cat([theta, anchor], 1), batch)  # one evaluation for particles and anchors

@@ -269,46 +269,65 @@ def _move(
     lam: torch.Tensor,
     step_size: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``burn_in_k`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54)."""
-    s, fam = block.settings, block.family
+    """``burn_in_k`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54).
+
+    Each model draws its step's randomness up front from its own generator: the mini-batch indices
+    of all its steps (one call), then their noise (one call).  Quadratic families turn the batches
+    into their statistics in one batched call when they fit in :data:`BULK_ELEMENTS`.
+    """
+    s, fam, K = block.settings, block.family, theta.shape[0]
+    burn = s.burn_in.tolist()
+    S = max(burn, default=0)
+    gens = block.generators
+    plan = block.batches.plan(list(gens), block.models, burn) if block.batches is not None else None
+    noise = _noise(gens, burn, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
     history: HistoryEstimator | None = None
-    if block.batches is not None:
+    stats = None
+    if block.batches is not None and plan is not None:
         history = minibatch(fam, block.n_prev / block.batches.batch_size)
         if s.control_variates:
             history = control_variates(history, anchor, anchor_grad)
+        if fam.quadratic and plan.numel() * theta.shape[-1] <= BULK_ELEMENTS:
+            x, y = block.batches.rows(plan.reshape(K * S, -1))
+            A, c = fam.select(torch.arange(K, device=theta.device).repeat_interleave(S)).gradient_statistics(
+                x, None if s.control_variates else y
+            )
+            stats = (A.reshape(K, S, *A.shape[1:]), c.reshape(K, S, -1) if c is not None else None)
     grad_u = potential_gradient(fam, Batch(block.x, block.y), lam, history)
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
     noise_scale = torch.sqrt(2.0 * alpha * step_size)
-    shape = tuple(theta.shape[1:])
-    burn = s.burn_in.tolist()
-    for step in range(max(burn, default=0)):
-        moving = [k for k, b in enumerate(burn) if b > step]
-        gens = [block.generators[k] for k in moving]
+    for step in range(S):
         batch = None
-        if block.batches is not None:
-            batch = Batch(*block.batches.draw(gens, [block.models[k] for k in moving]))
-        noise = standard_normal(gens, shape, theta)
-        if len(moving) < len(burn):  # some models have finished their moves: they stay where they are
-            batch, noise = _pad(batch, moving, len(burn)), _scatter(noise, moving, len(burn))
+        if stats is not None:
+            batch = Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
+        elif block.batches is not None and plan is not None:
+            batch = Batch(*block.batches.rows(plan[:, step]))
         new_theta, new_velocity = sghmc_step(
-            theta, velocity, grad_u(theta, batch), noise_scale * noise, step_size=step_size, momentum_decay=alpha
+            theta,
+            velocity,
+            grad_u(theta, batch),
+            noise_scale * noise[:, step],
+            step_size=step_size,
+            momentum_decay=alpha,
         )
-        if len(moving) < len(burn):
-            keep = torch.ones(len(burn), dtype=torch.bool, device=theta.device)
-            keep[moving] = False
-            new_theta = torch.where(keep[:, None, None], theta, new_theta)
-            new_velocity = torch.where(keep[:, None, None], velocity, new_velocity)
+        if any(b <= step for b in burn):  # some models have finished their moves: they stay where they are
+            keep = torch.tensor([b <= step for b in burn], device=theta.device)[:, None, None]
+            new_theta, new_velocity = torch.where(keep, theta, new_theta), torch.where(keep, velocity, new_velocity)
         theta, velocity = new_theta, new_velocity
     return theta, velocity
 
 
-def _scatter(t: torch.Tensor, rows: list[int], K: int) -> torch.Tensor:
-    out = t.new_zeros((K, *t.shape[1:]))
-    out[rows] = t
+#: Largest ``K · steps · |batch| · D`` for which the quadratic families' batch statistics are formed at once.
+BULK_ELEMENTS = 4_000_000
+
+
+def _noise(generators: Sequence[torch.Generator], counts: list[int], shape: tuple[int, ...], like: torch.Tensor):
+    """``[K, max(counts), *shape]`` standard normals, model k's ``counts[k]`` rows from ``generators[k]``."""
+    S = max(counts, default=0)
+    if len(counts) == 1:
+        return standard_normal(generators, (S, *shape), like)
+    out = like.new_zeros((len(counts), S, *shape))
+    for k, (g, c) in enumerate(zip(generators, counts, strict=True)):
+        if c:
+            out[k, :c] = standard_normal([g], (c, *shape), like)[0]
     return out
-
-
-def _pad(batch: Batch | None, rows: list[int], K: int) -> Batch | None:
-    if batch is None:
-        return None
-    return Batch(_scatter(batch.x, rows, K) if batch.x is not None else None, _scatter(batch.y, rows, K))
