@@ -278,6 +278,8 @@ def _move(
     s, fam, K = block.settings, block.family, theta.shape[0]
     burn = s.burn_in.tolist()
     S = max(burn, default=0)
+    if S == 0:
+        return theta, velocity
     gens = block.generators
     plan = block.batches.plan(list(gens), block.models, burn) if block.batches is not None else None
     noise = _noise(gens, burn, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
