@@ -19,14 +19,16 @@ from models.base import (
     HyperParams,
     ParameterSpec,
     as_vector,
-    bmm,
     check_nonempty_and_aligned,
+    require_no_x,
+)
+from models.densities import (
+    bmm,
     gaussian_prior_statistics,
     linear_gaussian_fisher,
     linear_gaussian_gradient,
     linear_gaussian_statistics,
     normal_log_prob,
-    require_no_x,
 )
 
 

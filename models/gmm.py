@@ -15,7 +15,6 @@ from pydantic import Field
 from torch.distributions import constraints
 
 from models.base import (
-    LOG_2PI,
     Family,
     HyperParams,
     ParameterSpec,
@@ -23,6 +22,7 @@ from models.base import (
     check_nonempty_and_aligned,
     require_no_x,
 )
+from models.densities import LOG_2PI
 
 
 class GaussianMixtureParams(HyperParams):

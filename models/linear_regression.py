@@ -17,14 +17,16 @@ from models.base import (
     ParameterSpec,
     as_matrix,
     as_vector,
-    bmm,
     check_nonempty_and_aligned,
+    require_x,
+)
+from models.densities import (
+    bmm,
     gaussian_prior_statistics,
     linear_gaussian_fisher,
     linear_gaussian_gradient,
     linear_gaussian_statistics,
     normal_log_prob,
-    require_x,
 )
 
 

@@ -17,11 +17,10 @@ from models.base import (
     ParameterSpec,
     as_labels,
     as_matrix,
-    bmm,
     check_nonempty_and_aligned,
-    normal_log_prob,
     require_x,
 )
+from models.densities import bmm, normal_log_prob
 
 
 class LogisticRegressionParams(HyperParams):
