@@ -45,6 +45,7 @@ class AutoregressiveParams(HyperParams):
 class Autoregressive(Family):
     name = "autoregressive"
     Params = AutoregressiveParams
+    params: AutoregressiveParams
 
     def __init__(self, params=None):
         super().__init__(params)

@@ -52,6 +52,7 @@ class BNNParams(HyperParams):
 class BayesianNeuralNetwork(Family):
     name = "bnn"
     Params = BNNParams
+    params: BNNParams
 
     @property
     def widths(self) -> list[int]:

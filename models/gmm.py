@@ -37,6 +37,7 @@ class GaussianMixtureParams(HyperParams):
 class GaussianMixture(Family):
     name = "gmm"
     Params = GaussianMixtureParams
+    params: GaussianMixtureParams
 
     def parameter_specs(self) -> list[ParameterSpec]:
         K, d = self.params.components, self.params.dim

@@ -39,6 +39,7 @@ class LinearRegressionParams(HyperParams):
 class LinearRegression(Family):
     name = "linear_regression"
     Params = LinearRegressionParams
+    params: LinearRegressionParams
 
     def parameter_specs(self) -> list[ParameterSpec]:
         return [ParameterSpec("w", (self.params.features,)), ParameterSpec("b", ())]

@@ -32,6 +32,7 @@ class LogisticRegressionParams(HyperParams):
 class LogisticRegression(Family):
     name = "logistic_regression"
     Params = LogisticRegressionParams
+    params: LogisticRegressionParams
 
     def parameter_specs(self) -> list[ParameterSpec]:
         p = self.params

@@ -92,18 +92,24 @@ class ModelEngine:
         return result
 
     @property
+    def _st(self) -> SGAISState:
+        if self.state is None:
+            raise RuntimeError("the engine has no state")
+        return self.state
+
+    @property
     def log_evidence(self) -> float:
         """Running ``log Ẑ`` (nats)."""
-        return self.state.log_evidence
+        return self._st.log_evidence
 
     @property
     def ess(self) -> float:
-        return float(ess(self.state.log_w))
+        return float(ess(self._st.log_w))
 
     # ----- posterior --------------------------------------------------------------------------
     def posterior_summary(self) -> dict[str, Any]:
         """Weighted mean, std and 5%/95% quantiles of every constrained parameter (:func:`posterior_summary`)."""
-        return posterior_summary(self.family, self.state.theta, self.state.log_w, self.observations)
+        return posterior_summary(self.family, self._st.theta, self._st.log_w, self.observations)
 
     # ----- checkpoints ------------------------------------------------------------------------
     def to_bytes(self, *, include_history: bool = True) -> bytes:
@@ -113,7 +119,7 @@ class ModelEngine:
         rebuilds them from the stream log, DESIGN.md §2); the reservoir generator
         is always kept.
         """
-        s = self.state
+        s = self._st
         tensors = {
             "theta": s.theta,
             "log_w": s.log_w,
@@ -240,7 +246,7 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
         order = torch.argsort(v, dim=0)
         cw = torch.cumsum(W[order], 0)  # [M, P]
 
-        def quantile(q: float) -> torch.Tensor:
+        def quantile(q: float, cw: torch.Tensor = cw) -> torch.Tensor:
             pos = torch.searchsorted(cw.T.contiguous(), torch.full((v.shape[1], 1), q, dtype=cw.dtype)).clamp(
                 max=W.shape[0] - 1
             )[:, 0]

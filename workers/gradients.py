@@ -66,6 +66,7 @@ class Minibatch:
     def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
             A, c = batch.stats if batch.stats is not None else self.model.gradient_statistics(batch.x, batch.y)
+            assert c is not None
             return self.scale * (c[:, None, :] - bmm(theta, A))
         assert batch.y is not None
         return self.scale * self.model.grad_log_likelihood(theta, batch.x, batch.y)
@@ -123,7 +124,10 @@ def potential_gradient(
     else:
 
         def exact(theta: torch.Tensor) -> torch.Tensor:
+            assert block.y is not None
             return model.grad_log_target(theta, block.x, block.y, lam)
+
+    assert block.y is not None
 
     def grad_u(theta: torch.Tensor, batch: Batch | None) -> torch.Tensor:
         g = exact(theta)

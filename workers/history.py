@@ -163,7 +163,8 @@ class StackBatches:
                 for size in self.sizes:
                     offsets.append(start)
                     start += size
-                self._source = (torch.cat(xs) if xs else None, torch.cat([h.y[: h.size] for h in held]), offsets)
+                ys = [h.y[: h.size] for h in held if h.y is not None]
+                self._source = (torch.cat(xs) if xs else None, torch.cat(ys), offsets)
         return self._source
 
     def plan(self, generators: list[torch.Generator], models: list[int], counts: list[int]) -> torch.Tensor:
