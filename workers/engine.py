@@ -246,7 +246,7 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
         order = torch.argsort(v, dim=0)
         cw = torch.cumsum(W[order], 0)  # [M, P]
 
-        def quantile(q: float, cw: torch.Tensor = cw) -> torch.Tensor:
+        def quantile(q: float, cw: torch.Tensor = cw, v: torch.Tensor = v, order: torch.Tensor = order) -> torch.Tensor:
             pos = torch.searchsorted(cw.T.contiguous(), torch.full((v.shape[1], 1), q, dtype=cw.dtype)).clamp(
                 max=W.shape[0] - 1
             )[:, 0]
