@@ -62,6 +62,7 @@ class Minibatch:
     def __init__(self, model: StackedFamily, scale: torch.Tensor):
         self.model = model
         self.scale = scale[:, None, None].to(model.hp_dtype)
+        self.neg_scale = -self.scale
 
     def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
@@ -74,7 +75,7 @@ class Minibatch:
     def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
             A = batch.stats[0] if batch.stats is not None else self.model.gradient_statistics(batch.x, None)[0]
-            return -self.scale * bmm(theta - anchor, A)
+            return self.neg_scale * bmm(theta - anchor, A)
         M = theta.shape[1]
         g = self(torch.cat([theta, anchor], 1), batch)  # one evaluation for particles and anchors
         return g[:, :M] - g[:, M:]

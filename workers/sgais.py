@@ -297,7 +297,8 @@ def _move(
             stats = (A.reshape(K, S, *A.shape[1:]), c.reshape(K, S, -1) if c is not None else None)
     grad_u = potential_gradient(fam, Batch(block.x, block.y), lam, history)
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
-    noise_scale = torch.sqrt(2.0 * alpha * step_size)
+    keep_v = 1.0 - alpha
+    xi = torch.sqrt(2.0 * alpha * step_size)[:, None] * noise  # ξ ~ N(0, 2αη), all steps at once
     for step in range(S):
         batch = None
         if stats is not None:
@@ -308,9 +309,9 @@ def _move(
             theta,
             velocity,
             grad_u(theta, batch),
-            noise_scale * noise[:, step],
+            xi[:, step],
             step_size=step_size,
-            momentum_decay=alpha,
+            momentum_keep=keep_v,
         )
         if any(b <= step for b in burn):  # some models have finished their moves: they stay where they are
             keep = torch.tensor([b <= step for b in burn], device=theta.device)[:, None, None]

@@ -33,15 +33,15 @@ def sghmc_step(
     xi: torch.Tensor,
     *,
     step_size: torch.Tensor,
-    momentum_decay: torch.Tensor,
+    momentum_keep: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One SGHMC step. ``theta, velocity, grad_u, xi: [K, M, D]`` -> new ``(theta, velocity)``.
 
     ``step_size`` is η (thesis eq. 2.53), ``[K, 1, D]`` for a constant diagonal preconditioner
     ``η_d = η·P_d`` (SGHMC with mass matrix ``P⁻¹``, Chen et al. 2014 §3.2:
     ``v ← (1−α)v − η P ∇U + N(0, 2αη P)``; no correction term since ``P`` does not depend on
-    ``θ`` during the chain) or ``[K, 1, 1]``.  ``momentum_decay`` is α, ``[K, 1, 1]``.
+    ``θ`` during the chain) or ``[K, 1, 1]``.  ``momentum_keep`` is ``1 − α`` (α the momentum decay), ``[K, 1, 1]``.
     ``xi`` is the injected noise, already scaled: ``√(2αη) · N(0, 1)``.
     """
-    velocity = (1.0 - momentum_decay) * velocity - step_size * grad_u + xi
+    velocity = momentum_keep * velocity - step_size * grad_u + xi
     return theta + velocity, velocity
