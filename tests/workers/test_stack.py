@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models import make_family
 from models.stack import StackedFamily
 from workers.engine import ModelEngine
 from workers.stacking import advance_stack, stack_key
