@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from torch.distributions import InverseGamma, constraints
+from torch.distributions import constraints
 
 from models.base import (
     Family,
@@ -20,8 +20,15 @@ from models.base import (
     ParameterSpec,
     as_vector,
     check_nonempty_and_aligned,
-    normal_log_prob,
     require_no_x,
+)
+from models.densities import (
+    bmm,
+    gaussian_prior_statistics,
+    linear_gaussian_fisher,
+    linear_gaussian_gradient,
+    linear_gaussian_statistics,
+    normal_log_prob,
 )
 
 
@@ -38,6 +45,7 @@ class AutoregressiveParams(HyperParams):
 class Autoregressive(Family):
     name = "autoregressive"
     Params = AutoregressiveParams
+    params: AutoregressiveParams
 
     def __init__(self, params=None):
         super().__init__(params)
@@ -77,25 +85,75 @@ class Autoregressive(Family):
         lags = full.unfold(0, p, 1)[:-1].flip(-1)  # row i: full[i+p-1], ..., full[i]
         return lags.contiguous(), full[p:].clone(), full[-p:].clone()
 
-    def _variance(self, values: dict[str, torch.Tensor]) -> torch.Tensor | float:
-        return self.params.noise_std**2 if self.known_noise else values["variance"]
+    def hyper(self) -> dict[str, float]:
+        p = self.params
+        hp = {"prior_std": p.prior_std, "variance_shape": p.variance_shape, "variance_scale": p.variance_scale}
+        if p.noise_std is not None:
+            hp["noise_std"] = p.noise_std
+        return hp
 
-    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        s = self.params.prior_std
-        lp = normal_log_prob(values["coefficients"], 0.0, s).sum(-1) + normal_log_prob(values["intercept"], 0.0, s)
+    def stack_key(self) -> tuple:
+        """Order and whether the noise is known change shapes; every value is per model."""
+        return (self.name, self.params.order, self.known_noise)
+
+    def stacked_log_prior(self, values, hp):
+        s = hp["prior_std"]
+        lp = normal_log_prob(values["coefficients"], 0.0, s[..., None]).sum(-1)
+        lp = lp + normal_log_prob(values["intercept"], 0.0, s)
         if not self.known_noise:
-            v = values["variance"]
-            shape = torch.tensor(self.params.variance_shape, dtype=v.dtype, device=v.device)
-            scale = torch.tensor(self.params.variance_scale, dtype=v.dtype, device=v.device)
-            lp = lp + InverseGamma(shape, scale, validate_args=False).log_prob(v)
+            a, b, v = hp["variance_shape"], hp["variance_scale"], values["variance"]
+            lp = lp + a * torch.log(b) - torch.lgamma(a) - (a + 1.0) * torch.log(v) - b / v  # InvGamma(a, b)
         return lp
 
-    def log_likelihood_constrained(self, values, x, y):
-        """``coefficients: [M, p]``, ``intercept: [M]``, lag rows ``x: [B, p]``, ``y: [B]`` -> ``[M, B]``."""
-        mean = values["coefficients"] @ x.T + values["intercept"][:, None]  # [M, B]
-        var = self._variance(values)
-        std = var**0.5 if isinstance(var, float) else torch.sqrt(var)[:, None]
-        return normal_log_prob(y[None, :], mean, std)
+    def stacked_log_likelihood(self, values, x, y, hp):
+        """``coefficients: [K, M, p]``, ``intercept: [K, M]``, lags ``x: [K, B, p]``, ``y: [K, B]`` -> ``[K, M, B]``."""
+        mean = bmm(values["coefficients"], x.transpose(1, 2)) + values["intercept"][..., None]
+        std = hp["noise_std"][..., None] if self.known_noise else torch.sqrt(values["variance"])[..., None]
+        return normal_log_prob(y[:, None, :], mean, std)
+
+    analytic_gradients = True
+
+    def stacked_grad_log_likelihood(self, theta, x, y, hp):
+        """Closed form.  Known noise: as linear regression on the lags.  Unknown: with ``u = log σ²``,
+        ``z = [x, 1]`` and ``r = y − θ·z``, ``∇_θ = Σ r z / σ²`` and ``∂_u = Σ (r²/σ² − 1) / 2``, both from
+        the sums ``ZᵀZ``, ``Zᵀy``, ``yᵀy`` (``Σ r² = yᵀy − 2θ·Zᵀy + θᵀZᵀZθ``)."""
+        if self.known_noise:
+            return linear_gaussian_gradient(theta, x, y, hp["noise_std"] ** 2)
+        # From the rows' statistics A = ZᵀZ, c = Zᵀy, s = yᵀy (z = [lags, 1]): O(B·D²) per call, not O(M·B·D).
+        A, c = linear_gaussian_statistics(x, y, torch.ones_like(y[:, :1]))
+        lin, u = theta[..., :-1], theta[..., -1:]  # [K, M, p+1], [K, M, 1]
+        lin_a = bmm(lin, A)
+        iv = torch.exp(-u)
+        c3 = c[:, None, :]
+        rss = (
+            (y * y).sum(-1)[:, None, None]
+            - 2.0 * (lin * c3).sum(-1, keepdim=True)
+            + (lin * lin_a).sum(-1, keepdim=True)
+        )
+        return torch.cat([(c3 - lin_a) * iv, 0.5 * (rss * iv - y.shape[1])], dim=-1)
+
+    @property
+    def quadratic(self) -> bool:  # type: ignore[override]
+        return self.known_noise
+
+    def stacked_gradient_statistics(self, x, y, hp):
+        return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)
+
+    def stacked_prior_statistics(self, hp):
+        return gaussian_prior_statistics(hp["prior_std"], self.dim)
+
+    def stacked_fisher(self, theta, weights, x, y, hp):
+        return linear_gaussian_fisher(theta, x, y, hp["noise_std"] ** 2, weights)
+
+    def stacked_grad_log_prior(self, theta, hp):
+        """``−θ/s²`` on the coefficients and intercept; on ``u = log σ²`` (InvGamma(a, b) with its
+        log-Jacobian ``u``): ``∂_u = −a + b e^{−u}``."""
+        s2 = hp["prior_std"][..., None] ** 2
+        if self.known_noise:
+            return -theta / s2
+        u = theta[..., -1:]
+        du = -hp["variance_shape"][..., None] + hp["variance_scale"][..., None] * torch.exp(-u)
+        return torch.cat([-theta[..., :-1] / s2, du], dim=-1)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params

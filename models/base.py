@@ -13,6 +13,7 @@ space into a density on R^D (standard change of variables, e.g. NumPyro's
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch.distributions import biject_to, constraints
 
-LOG_2PI = math.log(2.0 * math.pi)
+from models.densities import LOG_2PI, bmm, normal_log_prob  # noqa: F401  (re-exported)
 
 
 class ObservationError(ValueError):
@@ -75,39 +76,48 @@ class ParameterSpec:
 
 
 class ParameterSpace:
-    """Maps ``theta: [M, D]`` (unconstrained) to named constrained tensors.
+    """Maps ``theta: [..., D]`` (unconstrained) to named constrained tensors.
 
     Parameters
     ----------
     specs : sequence of ParameterSpec
         In the order their blocks appear in ``theta``.
+
+    The transforms are built once; real-valued blocks skip theirs (identity, log-|J| = 0), so the
+    hot path of a family with unconstrained parameters is slicing and reshaping only.
     """
 
     def __init__(self, specs: Sequence[ParameterSpec]):
         self.specs = tuple(specs)
         self.slices: dict[str, slice] = {}
+        self.transforms: dict[str, torch.distributions.Transform | None] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
         start = 0
         for spec in self.specs:
             size = spec.unconstrained_size
             self.slices[spec.name] = slice(start, start + size)
+            self.transforms[spec.name] = None if spec.constraint is constraints.real else spec.transform
+            self.shapes[spec.name] = spec.unconstrained_shape
             start += size
         self.dim = start
 
     def constrain(self, theta: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Unconstrained ``theta: [M, D]`` -> ({name: [M, *shape]}, log|J|: [M]).
+        """Unconstrained ``theta: [..., D]`` -> ({name: [..., *shape]}, log|J|: [...]).
 
         ``log|J|`` is the sum of each transform's ``log_abs_det_jacobian``
         (``torch.distributions.Transform``), reduced over event dimensions.
         """
-        M = theta.shape[0]
+        lead = theta.shape[:-1]
         values: dict[str, torch.Tensor] = {}
-        log_det = theta.new_zeros(M)
+        log_det = theta.new_zeros(lead)
         for spec in self.specs:
-            u = theta[:, self.slices[spec.name]].reshape(M, *spec.unconstrained_shape)
-            t = spec.transform
+            u = theta[..., self.slices[spec.name]].reshape(*lead, *self.shapes[spec.name])
+            t = self.transforms[spec.name]
+            if t is None:
+                values[spec.name] = u
+                continue
             c = t(u)
-            ld = t.log_abs_det_jacobian(u, c)
-            log_det = log_det + ld.reshape(M, -1).sum(-1)
+            log_det = log_det + t.log_abs_det_jacobian(u, c).reshape(*lead, -1).sum(-1)
             values[spec.name] = c
         return values, log_det
 
@@ -125,8 +135,11 @@ class Family(ABC):
     """A model family: hyperparameters fixed, parameters ``theta`` unknown.
 
     Subclasses set ``name`` and ``Params`` and implement :meth:`parameter_specs`,
-    :meth:`observation_schema`, :meth:`validate`, :meth:`log_prior_constrained`,
-    :meth:`log_likelihood_constrained` and :meth:`sample_prior_constrained`.
+    :meth:`observation_schema`, :meth:`validate`, :meth:`stacked_log_prior`,
+    :meth:`stacked_log_likelihood` and :meth:`sample_prior_constrained`; :meth:`hyper` names the
+    hyperparameters that may differ between stacked models.  Densities are written on stacked
+    parameters ``[K, M, ...]`` (``K`` models, ``M`` particles) with plain tensor arithmetic: no
+    ``torch.distributions`` objects or argument validation in the sampler's loop.
     """
 
     name: ClassVar[str]
@@ -148,7 +161,10 @@ class Family(ABC):
 
     @abstractmethod
     def observation_schema(self) -> dict[str, Any]:
-        """JSON-able schema of one observation: ``{"x": d | None, "y": [] | [d], "y_type": "real" | "label", "classes": K | None}``."""
+        """JSON-able schema of one observation.
+
+        ``{"x": d | None, "y": [] | [d], "y_type": "real" | "label", "classes": K | None}``.
+        """
 
     @abstractmethod
     def validate(self, x: Any, y: Any) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -161,14 +177,18 @@ class Family(ABC):
         """
 
     @abstractmethod
-    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Log prior density of the constrained parameters, ``[M]`` (nats)."""
+    def stacked_log_prior(self, values: dict[str, torch.Tensor], hp: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Log prior density of the constrained parameters of ``K`` models, ``[K, M]`` (nats).
+
+        ``values``: ``{name: [K, M, *shape]}``; ``hp``: this family's :meth:`hyper` values as ``[K, 1]``
+        tensors (one row per model of the stack; the rest of the hyperparameters are shared).
+        """
 
     @abstractmethod
-    def log_likelihood_constrained(
-        self, values: dict[str, torch.Tensor], x: torch.Tensor | None, y: torch.Tensor
+    def stacked_log_likelihood(
+        self, values: dict[str, torch.Tensor], x: torch.Tensor | None, y: torch.Tensor, hp: dict[str, torch.Tensor]
     ) -> torch.Tensor:
-        """Per-observation log-likelihood ``[M, B]`` (nats)."""
+        """Per-observation log-likelihood ``[K, M, B]`` (nats) of ``x: [K, B, d] | None``, ``y: [K, B, ...]``."""
 
     @abstractmethod
     def sample_prior_constrained(
@@ -176,11 +196,87 @@ class Family(ABC):
     ) -> dict[str, torch.Tensor]:
         """Draw ``M`` parameter sets from the prior, ``{name: [M, *shape]}``."""
 
-    # ----- derived --------------------------------------------------------------------------
+    # ----- stacking ---------------------------------------------------------------------------
+    def hyper(self) -> dict[str, float]:
+        """Hyperparameters that may differ between the models of one stack (per-model ``[K, 1]`` tensors).
+
+        Every other hyperparameter changes shapes or control flow and is part of :meth:`stack_key`.
+        """
+        return {}
+
+    def stack_key(self) -> tuple[Any, ...]:
+        """Families with equal keys evaluate together on stacked parameters ``[K, M, D]``."""
+        hp = self.hyper()
+        rest = {k: v for k, v in self.params.model_dump().items() if k not in hp}
+        return (self.name, json.dumps(rest, sort_keys=True))
+
+    def hyper_tensors(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """:meth:`hyper` as ``[1, 1]`` tensors (a stack of one model)."""
+        return {k: torch.tensor([[v]], dtype=dtype, device=device) for k, v in self.hyper().items()}
+
+    #: True when the family implements :meth:`stacked_grad_log_likelihood` and :meth:`stacked_grad_log_prior`
+    #: in closed form; the SGHMC gradient estimators then skip autograd.
+    analytic_gradients: bool = False
+
+    def stacked_grad_log_likelihood(
+        self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """``∇_θ Σ_b log p(y_b | x_b, θ_km)``: ``theta: [K, M, D]`` -> ``[K, M, D]``. Autograd unless overridden."""
+        with torch.enable_grad():
+            t = theta.detach().requires_grad_(True)
+            values, _ = self.space.constrain(t)
+            (g,) = torch.autograd.grad(self.stacked_log_likelihood(values, x, y, hp).sum(), t)
+        return g
+
+    def stacked_grad_log_prior(self, theta: torch.Tensor, hp: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``∇_θ log p(θ)`` (log-|J| included): ``theta: [K, M, D]`` -> ``[K, M, D]``. Autograd unless overridden."""
+        with torch.enable_grad():
+            t = theta.detach().requires_grad_(True)
+            values, log_det = self.space.constrain(t)
+            (g,) = torch.autograd.grad((self.stacked_log_prior(values, hp) + log_det).sum(), t)
+        return g
+
+    #: True when the family's log-likelihood is Gaussian and linear in θ (so ``Σ_b ∇ log p(y_b|θ) = c − θ A``)
+    #: and its prior is Gaussian: the estimators then work with the statistics of a block or
+    #: mini-batch (:meth:`stacked_gradient_statistics`, :meth:`stacked_prior_statistics`).
+    quadratic: bool = False
+
+    def stacked_gradient_statistics(
+        self, x: torch.Tensor | None, y: torch.Tensor | None, hp: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, Any]:
+        """``(A: [K, D, D], c: [K, D])`` with ``Σ_b ∇_θ log p(y_b|θ) = c − θ A`` (``quadratic`` families);
+        ``y = None`` asks for ``A`` alone (``c`` None)."""
+        raise NotImplementedError(f"{self.name} is not a quadratic family")
+
+    def stacked_prior_statistics(self, hp: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A0: [K, D, D], c0: [K, D])`` with ``∇_θ log p(θ) = c0 − θ A0`` (``quadratic`` families)."""
+        raise NotImplementedError(f"{self.name} is not a quadratic family")
+
+    def stacked_fisher(
+        self, theta: torch.Tensor, weights: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict
+    ) -> torch.Tensor:
+        """Exact empirical Fisher diagonal ``[K, D]`` (``quadratic`` families; see ``workers.fisher``)."""
+        raise NotImplementedError(f"{self.name} has no exact Fisher diagonal")
+
+    # ----- one model (a stack of one) -----------------------------------------------------------
     @property
     def dim(self) -> int:
         """``D``, the length of the unconstrained parameter vector."""
         return self.space.dim
+
+    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Log prior density of the constrained parameters ``{name: [M, *shape]}``, ``[M]`` (nats)."""
+        v0 = next(iter(values.values()))
+        hp = self.hyper_tensors(v0.dtype, v0.device)
+        return self.stacked_log_prior({k: v[None] for k, v in values.items()}, hp)[0]
+
+    def log_likelihood_constrained(
+        self, values: dict[str, torch.Tensor], x: torch.Tensor | None, y: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-observation log-likelihood ``[M, B]`` (nats)."""
+        hp = self.hyper_tensors(y.dtype, y.device)
+        xs = x[None] if x is not None else None
+        return self.stacked_log_likelihood({k: v[None] for k, v in values.items()}, xs, y[None], hp)[0]
 
     def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
         """Log prior density of unconstrained ``theta: [M, D]``, ``[M]`` (nats), log-|J| included."""
@@ -203,23 +299,15 @@ class Family(ABC):
         values = self.sample_prior_constrained(generator, M, dtype, torch.device(device))
         return self.space.unconstrain(values)
 
-    #: True when the family overrides :meth:`grad_log_likelihood` and :meth:`grad_log_prior`
-    #: with closed forms; the SGHMC gradient estimators then skip autograd.
-    analytic_gradients: bool = False
-
     def grad_log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
-        """``∇_θ Σ_b log p(y_b | x_b, θ_m)``: ``theta: [M, D]`` -> ``[M, D]``. Autograd unless overridden."""
-        with torch.enable_grad():
-            t = theta.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(self.log_likelihood(t, x, y).sum(), t)
-        return g
+        """``∇_θ Σ_b log p(y_b | x_b, θ_m)``: ``theta: [M, D]`` -> ``[M, D]``."""
+        hp = self.hyper_tensors(theta.dtype, theta.device)
+        xs = x[None] if x is not None else None
+        return self.stacked_grad_log_likelihood(theta[None], xs, y[None], hp)[0]
 
     def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
-        """``∇_θ log p(θ)`` (log-|J| included): ``theta: [M, D]`` -> ``[M, D]``. Autograd unless overridden."""
-        with torch.enable_grad():
-            t = theta.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(self.log_prior(t).sum(), t)
-        return g
+        """``∇_θ log p(θ)`` (log-|J| included): ``theta: [M, D]`` -> ``[M, D]``."""
+        return self.stacked_grad_log_prior(theta[None], self.hyper_tensors(theta.dtype, theta.device))[0]
 
     def prepare(
         self, x: torch.Tensor | None, y: torch.Tensor, context: torch.Tensor | None
@@ -363,14 +451,6 @@ def require_no_x(x: Any, family: str) -> None:
 def require_x(x: Any, family: str) -> None:
     if x is None:
         raise ObservationError("x", f"family {family!r} needs covariates x, one row per observation")
-
-
-def normal_log_prob(value: torch.Tensor, mean: torch.Tensor | float, std: torch.Tensor | float) -> torch.Tensor:
-    """Elementwise ``log N(value; mean, std^2)`` (nats)."""
-    if not isinstance(std, torch.Tensor):
-        std = torch.as_tensor(std, dtype=value.dtype, device=value.device)
-    z = (value - mean) / std
-    return -0.5 * z * z - torch.log(std) - 0.5 * LOG_2PI
 
 
 def as_labels(value: Any, field: str, classes: int) -> torch.Tensor:

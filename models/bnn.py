@@ -20,9 +20,9 @@ from models.base import (
     as_labels,
     as_matrix,
     check_nonempty_and_aligned,
-    normal_log_prob,
     require_x,
 )
+from models.densities import bmm, normal_log_prob
 
 
 class BNNParams(HyperParams):
@@ -52,6 +52,7 @@ class BNNParams(HyperParams):
 class BayesianNeuralNetwork(Family):
     name = "bnn"
     Params = BNNParams
+    params: BNNParams
 
     @property
     def widths(self) -> list[int]:
@@ -85,32 +86,42 @@ class BayesianNeuralNetwork(Family):
         check_nonempty_and_aligned(xt, yt)
         return xt, yt
 
-    def forward(self, values: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Network outputs ``[M, B, outputs]`` for ``x: [B, d]``, batched over particles."""
-        L = len(self.widths) - 1
-        # first layer: x is shared by all particles
-        h = torch.einsum("bd,mhd->mbh", x, values["W0"]) + values["b0"][:, None, :]
-        for i in range(1, L):
-            h = torch.baddbmm(values[f"b{i}"][:, None, :], torch.tanh(h), values[f"W{i}"].transpose(1, 2))
-        return h
+    def hyper(self) -> dict[str, float]:
+        return {"noise_std": self.params.noise_std, "prior_std": self.params.prior_std}
 
-    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        s = self.params.prior_std
+    def forward(self, values: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Network outputs ``[K, M, B, outputs]`` for ``x: [K, B, d]``, batched over models and particles."""
+        L = len(self.widths) - 1
+        W0 = values["W0"]  # [K, M, h, d]
+        K, M, H, d = W0.shape
+        B = x.shape[1]
+        # first layer: x is shared by a model's particles
+        h = bmm(W0.reshape(K, M * H, d), x.transpose(1, 2)).reshape(K, M, H, B).transpose(2, 3)
+        h = (h + values["b0"][:, :, None, :]).reshape(K * M, B, H)
+        for i in range(1, L):
+            W, b = values[f"W{i}"], values[f"b{i}"]
+            h = b.reshape(K * M, 1, -1) + bmm(torch.tanh(h), W.reshape(K * M, *W.shape[2:]).transpose(1, 2))
+        return h.reshape(K, M, B, -1)
+
+    def stacked_log_prior(self, values, hp):
+        s = hp["prior_std"]
         total = 0.0
         for spec in self.space.specs:
             v = values[spec.name]
-            total = total + normal_log_prob(v, 0.0, s).reshape(v.shape[0], -1).sum(-1)
+            K, M = v.shape[:2]
+            total = total + normal_log_prob(v.reshape(K, M, -1), 0.0, s[..., None]).sum(-1)
         return total
 
-    def log_likelihood_constrained(self, values, x, y):
-        """``[M, B]`` (nats) for ``x: [B, d]`` and ``y`` as returned by :meth:`validate`."""
-        out = self.forward(values, x)  # [M, B, O]
+    def stacked_log_likelihood(self, values, x, y, hp):
+        """``[K, M, B]`` (nats) for ``x: [K, B, d]`` and ``y: [K, B] | [K, B, outputs]``."""
+        out = self.forward(values, x)  # [K, M, B, O]
+        K, M = out.shape[:2]
         if self.params.likelihood == "categorical":
             logp = torch.log_softmax(out, dim=-1)
-            idx = y.long()[None, :, None].expand(out.shape[0], -1, 1)
+            idx = y.long()[:, None, :, None].expand(K, M, -1, 1)
             return logp.gather(-1, idx)[..., 0]
-        yy = y[:, None] if y.ndim == 1 else y
-        return normal_log_prob(yy[None], out, self.params.noise_std).sum(-1)
+        yy = y[..., None] if y.ndim == 2 else y
+        return normal_log_prob(yy[:, None], out, hp["noise_std"][..., None, None]).sum(-1)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         s = self.params.prior_std

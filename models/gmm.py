@@ -8,7 +8,6 @@ With one component the evidence is closed form
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from models.base import (
     check_nonempty_and_aligned,
     require_no_x,
 )
+from models.densities import LOG_2PI
 
 
 class GaussianMixtureParams(HyperParams):
@@ -37,6 +37,7 @@ class GaussianMixtureParams(HyperParams):
 class GaussianMixture(Family):
     name = "gmm"
     Params = GaussianMixtureParams
+    params: GaussianMixtureParams
 
     def parameter_specs(self) -> list[ParameterSpec]:
         K, d = self.params.components, self.params.dim
@@ -57,29 +58,69 @@ class GaussianMixture(Family):
         check_nonempty_and_aligned(None, yt)
         return None, yt
 
-    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Dirichlet(α) + InvGamma(shape, scale) + N(0, mean_scale·σ²) log densities, ``[M]`` (nats).
+    def hyper(self) -> dict[str, float]:
+        p = self.params
+        return {
+            "dirichlet_alpha": p.dirichlet_alpha,
+            "variance_shape": p.variance_shape,
+            "variance_scale": p.variance_scale,
+            "mean_scale": p.mean_scale,
+        }
+
+    def stacked_log_prior(self, values, hp):
+        """Dirichlet(α) + InvGamma(shape, scale) + N(0, mean_scale·σ²) log densities, ``[K, M]`` (nats).
 
         Written out (same as ``torch.distributions.Dirichlet`` / ``InverseGamma`` log_prob, checked
-        in tests) because building distribution objects dominated the cost of a gradient step.
+        in tests) with per-model hyperparameters ``hp: {name: [K, 1]}``.
         """
-        p = self.params
+        C = self.params.components
         w, mu, var = values["weights"], values["means"], values["variances"]
-        K, a, b, alpha = p.components, p.variance_shape, p.variance_scale, p.dirichlet_alpha
-        lp = math.lgamma(K * alpha) - K * math.lgamma(alpha) + (alpha - 1.0) * torch.log(w).sum(-1)
+        alpha, a, b, ms = (hp[k] for k in ("dirichlet_alpha", "variance_shape", "variance_scale", "mean_scale"))
+        lp = torch.lgamma(C * alpha) - C * torch.lgamma(alpha) + (alpha - 1.0) * torch.log(w).sum(-1)
+        a3, b3, ms3 = a[..., None, None], b[..., None, None], ms[..., None, None]
         log_var = torch.log(var)
-        lp = lp + (a * math.log(b) - math.lgamma(a) - (a + 1.0) * log_var - b / var).sum((-2, -1))
-        z2 = mu * mu / (p.mean_scale * var)
-        return lp + (-0.5 * z2 - 0.5 * (math.log(p.mean_scale) + log_var) - 0.5 * math.log(2 * math.pi)).sum((-2, -1))
+        lp = lp + (a3 * torch.log(b3) - torch.lgamma(a3) - (a3 + 1.0) * log_var - b3 / var).sum((-2, -1))
+        z2 = mu * mu / (ms3 * var)
+        return lp + (-0.5 * z2 - 0.5 * (torch.log(ms3) + log_var) - 0.5 * LOG_2PI).sum((-2, -1))
 
-    def log_likelihood_constrained(self, values, x, y):
-        """``weights: [M, K]``, ``means, variances: [M, K, d]``, ``y: [B, d]`` -> ``[M, B]`` (nats)."""
+    def stacked_log_likelihood(self, values, x, y, hp):
+        """``weights: [K, M, C]``, ``means, variances: [K, M, C, d]``, ``y: [K, B, d]`` -> ``[K, M, B]`` (nats)."""
         mu, var = values["means"], values["variances"]
-        if y.ndim == 1:
-            y = y[:, None]
-        z2 = (y[None, :, None, :] - mu[:, None]) ** 2 / var[:, None]  # [M, B, K, d]
-        comp = -0.5 * (z2.sum(-1) + torch.log(var).sum(-1)[:, None, :] + y.shape[-1] * math.log(2 * math.pi))
-        return torch.logsumexp(torch.log(values["weights"])[:, None, :] + comp, dim=-1)
+        if y.ndim == 2:
+            y = y[..., None]
+        z2 = (y[:, None, :, None, :] - mu[:, :, None]) ** 2 / var[:, :, None]  # [K, M, B, C, d]
+        comp = -0.5 * (z2.sum(-1) + torch.log(var).sum(-1)[:, :, None, :] + y.shape[-1] * LOG_2PI)
+        return torch.logsumexp(torch.log(values["weights"])[:, :, None, :] + comp, dim=-1)
+
+    @property
+    def analytic_gradients(self) -> bool:  # type: ignore[override]
+        """One component: closed-form gradients from the block's sums (no per-observation work)."""
+        return self.params.components == 1
+
+    def stacked_grad_log_likelihood(self, theta, x, y, hp):
+        """One component, ``θ = [μ, u = log σ²]`` (the simplex of one weight has no coordinate), with the
+        block's sums ``S0 = B``, ``S1 = Σ y``, ``S2 = Σ y²``: ``∂_μ = (S1 − μ S0)/σ²`` and
+        ``∂_u = ((S2 − 2μ S1 + μ² S0)/σ² − S0) / 2``.  ``[K, M, 2d]``."""
+        if self.params.components != 1:
+            return super().stacked_grad_log_likelihood(theta, x, y, hp)
+        if y.ndim == 2:
+            y = y[..., None]
+        d = self.params.dim
+        mu, iv = theta[..., :d], torch.exp(-theta[..., d:])
+        S0, S1, S2 = float(y.shape[1]), y.sum(1)[:, None, :], (y * y).sum(1)[:, None, :]
+        g_u = 0.5 * ((S2 - 2.0 * mu * S1 + mu * mu * S0) * iv - S0)
+        return torch.cat([(S1 - mu * S0) * iv, g_u], dim=-1)
+
+    def stacked_grad_log_prior(self, theta, hp):
+        """One component: ``μ | σ² ~ N(0, ms·σ²)``, ``σ² ~ InvGamma(a, b)`` with the log-Jacobian ``u``:
+        ``∂_μ = −μ/(ms σ²)``, ``∂_u = −a + b/σ² + μ²/(2 ms σ²) − 1/2``.  ``[K, M, 2d]``."""
+        if self.params.components != 1:
+            return super().stacked_grad_log_prior(theta, hp)
+        d = self.params.dim
+        a, b, ms = (hp[k][..., None] for k in ("variance_shape", "variance_scale", "mean_scale"))
+        mu, iv = theta[..., :d], torch.exp(-theta[..., d:])
+        g_mu = -mu * iv / ms
+        return torch.cat([g_mu, -a + b * iv - 0.5 * mu * g_mu - 0.5], dim=-1)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params

@@ -18,8 +18,15 @@ from models.base import (
     as_matrix,
     as_vector,
     check_nonempty_and_aligned,
-    normal_log_prob,
     require_x,
+)
+from models.densities import (
+    bmm,
+    gaussian_prior_statistics,
+    linear_gaussian_fisher,
+    linear_gaussian_gradient,
+    linear_gaussian_statistics,
+    normal_log_prob,
 )
 
 
@@ -32,6 +39,7 @@ class LinearRegressionParams(HyperParams):
 class LinearRegression(Family):
     name = "linear_regression"
     Params = LinearRegressionParams
+    params: LinearRegressionParams
 
     def parameter_specs(self) -> list[ParameterSpec]:
         return [ParameterSpec("w", (self.params.features,)), ParameterSpec("b", ())]
@@ -46,25 +54,38 @@ class LinearRegression(Family):
         check_nonempty_and_aligned(xt, yt)
         return xt, yt
 
-    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        s = self.params.prior_std
-        return normal_log_prob(values["w"], 0.0, s).sum(-1) + normal_log_prob(values["b"], 0.0, s)
+    def hyper(self) -> dict[str, float]:
+        return {"noise_std": self.params.noise_std, "prior_std": self.params.prior_std}
 
-    def log_likelihood_constrained(self, values, x, y):
-        mean = values["w"] @ x.T + values["b"][:, None]  # [M, B]
-        return normal_log_prob(y[None, :], mean, self.params.noise_std)
+    def stacked_log_prior(self, values, hp):
+        s = hp["prior_std"]  # [K, 1]
+        return normal_log_prob(values["w"], 0.0, s[..., None]).sum(-1) + normal_log_prob(values["b"], 0.0, s)
+
+    def stacked_log_likelihood(self, values, x, y, hp):
+        """``w: [K, M, d]``, ``b: [K, M]``, ``x: [K, B, d]``, ``y: [K, B]`` -> ``[K, M, B]`` (nats)."""
+        mean = bmm(values["w"], x.transpose(1, 2)) + values["b"][..., None]
+        return normal_log_prob(y[:, None, :], mean, hp["noise_std"][..., None])
 
     analytic_gradients = True
 
-    def grad_log_likelihood(self, theta, x, y):
-        """Closed form: ``r = y − w·x − b``; ``∇_w = r x / σ²``, ``∇_b = Σ r / σ²``. ``[M, D]``."""
-        w, b = theta[:, :-1], theta[:, -1]
-        r = (y[None, :] - w @ x.T - b[:, None]) / self.params.noise_std**2  # [M, B]
-        return torch.cat([r @ x, r.sum(-1, keepdim=True)], dim=-1)
+    def stacked_grad_log_likelihood(self, theta, x, y, hp):
+        """Closed form: ``r = (y − w·x − b) / σ²``; ``∇_w = Σ_b r_b x_b``, ``∇_b = Σ_b r_b``. ``[K, M, D]``."""
+        return linear_gaussian_gradient(theta, x, y, hp["noise_std"] ** 2)
 
-    def grad_log_prior(self, theta):
+    def stacked_grad_log_prior(self, theta, hp):
         """``−θ / prior_std²`` (w and b are unconstrained, so no Jacobian term)."""
-        return -theta / self.params.prior_std**2
+        return -theta / hp["prior_std"][..., None] ** 2
+
+    quadratic = True
+
+    def stacked_gradient_statistics(self, x, y, hp):
+        return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)
+
+    def stacked_prior_statistics(self, hp):
+        return gaussian_prior_statistics(hp["prior_std"], self.dim)
+
+    def stacked_fisher(self, theta, weights, x, y, hp):
+        return linear_gaussian_fisher(theta, x, y, hp["noise_std"] ** 2, weights)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         s = self.params.prior_std

@@ -18,9 +18,9 @@ from models.base import (
     as_labels,
     as_matrix,
     check_nonempty_and_aligned,
-    normal_log_prob,
     require_x,
 )
+from models.densities import bmm, normal_log_prob
 
 
 class LogisticRegressionParams(HyperParams):
@@ -32,6 +32,7 @@ class LogisticRegressionParams(HyperParams):
 class LogisticRegression(Family):
     name = "logistic_regression"
     Params = LogisticRegressionParams
+    params: LogisticRegressionParams
 
     def parameter_specs(self) -> list[ParameterSpec]:
         p = self.params
@@ -51,15 +52,21 @@ class LogisticRegression(Family):
         check_nonempty_and_aligned(xt, yt)
         return xt, yt
 
-    def log_prior_constrained(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        s = self.params.prior_std
-        return normal_log_prob(values["W"], 0.0, s).sum((-2, -1)) + normal_log_prob(values["b"], 0.0, s).sum(-1)
+    def hyper(self) -> dict[str, float]:
+        return {"prior_std": self.params.prior_std}
 
-    def log_likelihood_constrained(self, values, x, y):
-        """``W: [M, K, d]``, ``b: [M, K]``, ``x: [B, d]``, ``y: [B]`` -> ``[M, B]`` (nats)."""
-        logits = torch.einsum("bd,mkd->mbk", x, values["W"]) + values["b"][:, None, :]  # [M, B, K]
+    def stacked_log_prior(self, values, hp):
+        s = hp["prior_std"]
+        lp = normal_log_prob(values["W"], 0.0, s[..., None, None]).sum((-2, -1))
+        return lp + normal_log_prob(values["b"], 0.0, s[..., None]).sum(-1)
+
+    def stacked_log_likelihood(self, values, x, y, hp):
+        """``W: [K, M, C, d]``, ``b: [K, M, C]``, ``x: [K, B, d]``, ``y: [K, B]`` -> ``[K, M, B]`` (nats)."""
+        K, M, C, d = values["W"].shape
+        logits = bmm(values["W"].reshape(K, M * C, d), x.transpose(1, 2))  # [K, M·C, B]
+        logits = logits.reshape(K, M, C, -1).transpose(2, 3) + values["b"][:, :, None, :]  # [K, M, B, C]
         logp = torch.log_softmax(logits, dim=-1)
-        idx = y.long()[None, :, None].expand(logp.shape[0], -1, 1)
+        idx = y.long()[:, None, :, None].expand(K, M, -1, 1)
         return logp.gather(-1, idx)[..., 0]
 
     def sample_prior_constrained(self, generator, M, dtype, device):

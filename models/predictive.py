@@ -48,7 +48,7 @@ def _logistic_regression(family, values, x, context, horizon, S, g) -> torch.Ten
 
 
 def _bnn(family, values, x, context, horizon, S, g) -> torch.Tensor:
-    out = family.forward(values, x)  # [M, H, O]
+    out = family.forward({k: v[None] for k, v in values.items()}, x[None])[0]  # a stack of one: [M, H, O]
     if family.params.likelihood == "categorical":
         return _categorical(out, S, g)
     noise = torch.randn(out.shape[0], S, *out.shape[1:], generator=g, dtype=out.dtype)

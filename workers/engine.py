@@ -1,15 +1,32 @@
 """One model's SGAIS engine: family + settings + generator + state, with checkpoints.
 
-This is the object the runner holds per leased model.  It is a thin mutable shell
-around the pure kernel in :mod:`workers.sgais`; it splits chunks into blocks,
-keeps the ``torch.Generator`` whose state is checkpointed, and serialises the
-whole state to bytes (safetensors for tensors, a JSON header in its metadata).
+This is the object the runner holds per leased model.  It is a thin mutable shell around the
+stacked kernel (:mod:`workers.sgais`) and its policies (:mod:`workers.stacking`): it keeps the
+``torch.Generator`` whose state is checkpointed, and serialises the whole state to bytes
+(safetensors for tensors, a JSON header in its metadata), one checkpoint per model.
+
+Many models at once (the worker's API)::
+
+    from workers.stacking import advance_stack, stack_key
+
+    results = advance_stack(engines, [(x_i, y_i) for each engine], validated=True)
+    # results[i]: list[BlockInfo] for engines[i] (exactly what engines[i].update(x_i, y_i) returns
+    # alone, bit for bit), or the NumericalError that stopped engines[i] (its earlier blocks stay
+    # absorbed, the failing block is not; the other engines are unaffected).
+
+Engines are grouped internally, per block, into stacks of equal :func:`~workers.stacking.stack_key`
+(family and shape hyperparameters, sampler settings that change shapes or control flow, dtype,
+device), particle count and block length; hyperparameters such as prior scales, and settings
+such as seed, learning rate, momentum decay, ESS target and burn-in, may differ within a stack.
+:meth:`ModelEngine.update` is ``advance_stack([self], [(x, y)])``.  Checkpoints
+(:meth:`ModelEngine.to_bytes`) stay per model, so a model restored into another stack
+composition continues bit for bit.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -17,9 +34,10 @@ from safetensors.numpy import save as st_save_numpy
 from safetensors.torch import load as st_load
 
 from models import Family, make_family
-from workers import sgais
 from workers.ess import ess
+from workers.history import History
 from workers.settings import SamplerSettings
+from workers.stacking import BlockInfo, Heartbeat, SGAISState, advance_stack, init_state
 
 CHECKPOINT_VERSION = 1
 
@@ -79,18 +97,16 @@ class ModelEngine:
         self.generator = torch.Generator(device=self.settings.torch_device)
         self.generator.manual_seed(self.settings.seed)
         self.observations = 0  # stream values absorbed (including conditioned-on context values)
-        self.state: sgais.SGAISState | None = None
+        self.state: SGAISState | None = None
         if _init_state:
-            self.state = sgais.init(self.generator, self.family, self.settings)
+            self.state = init_state(self.generator, self.family, self.settings)
 
     # ----- updating --------------------------------------------------------------------------
-    def update(
-        self, x: Any, y: Any, *, validated: bool = False, heartbeat: Callable[[], None] | None = None
-    ) -> list[sgais.BlockInfo]:
+    def update(self, x: Any, y: Any, *, validated: bool = False, heartbeat: Heartbeat = None) -> list[BlockInfo]:
         """Absorb a chunk, split into blocks of ``block_size``; one BlockInfo per block.
 
-        ``x``/``y`` are validated by the family unless ``validated``; ``heartbeat`` is called
-        during long re-annealings (``sgais.absorb_block``).
+        ``x``/``y`` are validated by the family unless ``validated``.  ``heartbeat`` (deprecated: the
+        worker renews its leases from a thread) is called between the blocks of a re-annealing.
 
         Raises
         ------
@@ -99,39 +115,30 @@ class ModelEngine:
         workers.sgais.NumericalError
             NaN/inf during the update; blocks before the failing one stay absorbed.
         """
-        if not validated:
-            x, y = self.family.validate(x, y)
-        infos = []
-        size = self.settings.block_size
-        for start in range(0, y.shape[0], size):
-            xb = x[start : start + size] if x is not None else None
-            yb = y[start : start + size]
-            self.state, info = sgais.absorb_block(
-                self.generator,
-                self.state,
-                family=self.family,
-                settings=self.settings,
-                x=xb,
-                y=yb,
-                heartbeat=heartbeat,
-            )
-            self.observations += yb.shape[0]
-            infos.append(info)
-        return infos
+        (result,) = advance_stack([self], [(x, y)], validated=validated, heartbeat=heartbeat)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @property
+    def _st(self) -> SGAISState:
+        if self.state is None:
+            raise RuntimeError("the engine has no state")
+        return self.state
 
     @property
     def log_evidence(self) -> float:
         """Running ``log Ẑ`` (nats)."""
-        return self.state.log_evidence
+        return self._st.log_evidence
 
     @property
     def ess(self) -> float:
-        return float(ess(self.state.log_w))
+        return float(ess(self._st.log_w))
 
     # ----- posterior --------------------------------------------------------------------------
     def posterior_summary(self) -> dict[str, Any]:
         """Weighted mean, std and 5%/95% quantiles of every constrained parameter (:func:`posterior_summary`)."""
-        return posterior_summary(self.family, self.state.theta, self.state.log_w, self.observations)
+        return posterior_summary(self.family, self._st.theta, self._st.log_w, self.observations)
 
     # ----- checkpoints ------------------------------------------------------------------------
     def to_bytes(self, *, include_history: bool = True) -> bytes:
@@ -141,7 +148,7 @@ class ModelEngine:
         rebuilds them from the stream log, DESIGN.md §2); the reservoir generator
         is always kept.
         """
-        s = self.state
+        s = self._st
         tensors = {
             "theta": s.theta,
             "log_w": s.log_w,
@@ -195,7 +202,7 @@ class ModelEngine:
         t = {k: v.to(device) for k, v in st_load(data).items()}
         eng.generator.set_state(t["generator"].cpu() if device.type == "cpu" else t["generator"])
         eng.observations = header["observations"]
-        history = sgais.History(
+        history = History(
             capacity=eng.settings.history_capacity,
             seed=eng.settings.seed,
             dtype=eng.settings.torch_dtype,
@@ -212,7 +219,7 @@ class ModelEngine:
                     f"rebuilt history has {history.seen} rows, checkpoint expects {header['history_seen']}"
                 )
             history.generator.set_state(t["history.generator"].cpu())
-        eng.state = sgais.SGAISState(
+        eng.state = SGAISState(
             theta=t["theta"],
             log_w=t["log_w"],
             velocity=t["velocity"],
@@ -268,7 +275,7 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
         order = torch.argsort(v, dim=0)
         cw = torch.cumsum(W[order], 0)  # [M, P]
 
-        def quantile(q: float) -> torch.Tensor:
+        def quantile(q: float, cw: torch.Tensor = cw, v: torch.Tensor = v, order: torch.Tensor = order) -> torch.Tensor:
             pos = torch.searchsorted(cw.T.contiguous(), torch.full((v.shape[1], 1), q, dtype=cw.dtype)).clamp(
                 max=W.shape[0] - 1
             )[:, 0]

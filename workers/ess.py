@@ -11,41 +11,47 @@ weights it is exactly the thesis's ``ESS(Δ)`` of the incremental weights
 (eq. 4.15); with non-uniform weights (no resampling since the last block) it
 measures the degeneracy the increment itself adds, which is what the
 bisection has to control.
+
+Everything works on a leading model axis: ``log_w: [K, M]`` gives ``[K]`` answers, one per model,
+each computed with exactly the arithmetic it would get alone (row-wise reductions only).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 
 def ess(log_w: torch.Tensor) -> torch.Tensor:
-    """ESS of (unnormalised) log-weights ``log_w: [M]``: ``(Σ w)^2 / Σ w^2`` (eq. 3.41), in particles."""
-    return torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0))
+    """ESS of (unnormalised) log-weights ``log_w: [..., M]``: ``(Σ w)^2 / Σ w^2`` (eq. 3.41), in particles."""
+    return torch.exp(2 * torch.logsumexp(log_w, -1) - torch.logsumexp(2 * log_w, -1))
 
 
 def conditional_ess(log_w: torch.Tensor, log_lik: torch.Tensor, delta: float | torch.Tensor) -> torch.Tensor:
     """Conditional ESS (in particles) of the increment ``exp(delta * log_lik)`` given ``log_w``.
 
-    ``log_w: [M]``, ``log_lik: [M]`` -> scalar tensor in ``[1, M]`` (up to rounding).
+    ``log_w, log_lik: [..., M]``, ``delta``: a number or ``[...]`` -> ``[...]`` in ``[1, M]`` (up to rounding).
     """
-    M = log_w.shape[0]
-    log_W = log_w - torch.logsumexp(log_w, 0)
-    a = delta * log_lik
-    num = 2 * torch.logsumexp(log_W + a, 0)
-    den = torch.logsumexp(log_W + 2 * a, 0)
-    return M * torch.exp(num - den)
+    log_W = log_w - torch.logsumexp(log_w, -1, keepdim=True)
+    return _cess(log_W, log_lik, torch.as_tensor(delta, dtype=log_W.dtype, device=log_W.device))
+
+
+def _cess(log_W: torch.Tensor, log_lik: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    a = delta[..., None] * log_lik
+    return log_W.shape[-1] * torch.exp(2 * torch.logsumexp(log_W + a, -1) - torch.logsumexp(log_W + 2 * a, -1))
 
 
 def solve_increment(
     log_w: torch.Tensor,
     log_lik: torch.Tensor,
     *,
-    target: float,
-    remaining: float,
+    target: float | torch.Tensor,
+    remaining: float | torch.Tensor,
     tolerance: float = 1e-9,
     max_iterations: int = 60,
-) -> float:
-    """Annealing increment ``Δ ∈ (0, remaining]`` with ``CESS(Δ) = target``, by bisection.
+) -> torch.Tensor | float:
+    """Annealing increments ``Δ_k ∈ (0, remaining_k]`` with ``CESS_k(Δ_k) = target_k``, by bisection.
 
     Returns ``remaining`` when ``CESS(remaining) ≥ target`` already (Algorithm 8,
     line 6, with the step clipped at λ = 1).  CESS is non-increasing in ``Δ``,
@@ -53,13 +59,19 @@ def solve_increment(
     (this reaches increments of 1e-12 and below in a few dozen evaluations), and
     bisection then narrows the bracket to ``tolerance`` relative width or until CESS
     is within ``1e-6 · M`` of the target.  The returned ``Δ`` always meets the target.
+    All models bisect together; a model whose bracket is done is frozen, so its answer
+    is the one it gets alone.
 
     Parameters
     ----------
-    log_w : [M] current log-weights (float64 recommended).
-    log_lik : [M] log-likelihood of the whole block for each particle (nats).
-    target : target ESS in particles (``ess_target · M``), ``0 < target ≤ M``.
-    remaining : ``1 - λ`` (> 0).
+    log_w : [K, M] (or [M]) current log-weights (float64 recommended).
+    log_lik : [K, M] (or [M]) log-likelihood of the whole block for each particle (nats).
+    target : target ESS in particles (``ess_target · M``), a number or ``[K]``, ``0 < target ≤ M``.
+    remaining : ``1 - λ`` (> 0), a number or ``[K]``.
+
+    Returns
+    -------
+    ``[K]`` float64 tensor; a float when ``log_w`` is ``[M]``.
 
     Raises
     ------
@@ -67,40 +79,48 @@ def solve_increment(
         If ``log_lik`` contains NaN or +inf (``-inf`` is allowed: a particle
         with zero likelihood simply loses its weight).
     """
+    single = log_w.ndim == 1
+    log_w = log_w.to(torch.float64).reshape(-1, log_w.shape[-1])
+    log_lik = log_lik.to(torch.float64).reshape(log_w.shape)
     if torch.isnan(log_lik).any() or torch.isposinf(log_lik).any():
         raise FloatingPointError("log-likelihood of the block is NaN or +inf for some particle")
-    log_w = log_w.to(torch.float64)
-    log_lik = log_lik.to(torch.float64)
     # -inf likelihoods: give them a finite floor far below the rest so the
     # arithmetic stays finite; their weight is exp(Δ·floor) ≈ 0 for any Δ that matters.
     finite = torch.isfinite(log_lik)
     if not finite.all():
-        if not finite.any():
+        if not finite.any(-1).all():
             raise FloatingPointError("log-likelihood of the block is -inf for every particle")
-        floor = log_lik[finite].min() - 1e4
+        floor = torch.where(finite, log_lik, torch.inf).min(-1, keepdim=True).values - 1e4
         log_lik = torch.where(finite, log_lik, floor)
-    if float(conditional_ess(log_w, log_lik, remaining)) >= target:
-        return remaining
-    M = log_w.shape[0]
-    # Phase 1: halve until CESS meets the target, giving a bracket [lo, hi] = [Δ/2·2, ...] with lo > 0.
-    hi = remaining
-    lo = 0.5 * hi
+    opts: dict[str, Any] = {"dtype": torch.float64, "device": log_w.device}
+    K, M = log_w.shape
+    target = torch.as_tensor(target, **opts).expand(K)
+    hi = torch.as_tensor(remaining, **opts).expand(K).clone()
+    log_W = log_w - torch.logsumexp(log_w, -1, keepdim=True)
+    result = hi.clone()
+    todo = _cess(log_W, log_lik, hi) < target
+    lo = torch.where(todo, 0.5 * hi, hi)
+    # Phase 1: halve until CESS meets the target, giving a bracket [lo, hi] with lo > 0.
+    searching = todo.clone()
     for _ in range(max_iterations * 20):
-        if float(conditional_ess(log_w, log_lik, lo)) >= target:
+        if not searching.any():
             break
-        hi, lo = lo, 0.5 * lo
-        if lo == 0.0:
+        searching &= _cess(log_W, log_lik, lo) < target
+        hi, lo = torch.where(searching, lo, hi), torch.where(searching, 0.5 * lo, lo)
+        if (searching & (lo == 0.0)).any():
             raise FloatingPointError("no positive annealing increment meets the ESS target")
     # Phase 2: bisection to relative precision `tolerance` (CESS(lo) ≥ target > CESS(hi)).
+    result = torch.where(todo, lo, result)
     for _ in range(max_iterations):
-        mid = 0.5 * (lo + hi)
-        value = float(conditional_ess(log_w, log_lik, mid))
-        if abs(value - target) <= 1e-6 * M:
-            return mid
-        if value > target:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= tolerance * hi:
+        if not todo.any():
             break
-    return lo
+        mid = 0.5 * (lo + hi)
+        value = _cess(log_W, log_lik, mid)
+        hit = todo & ((value - target).abs() <= 1e-6 * M)
+        result = torch.where(hit, mid, result)
+        todo &= ~hit
+        up = value > target
+        lo, hi = torch.where(todo & up, mid, lo), torch.where(todo & ~up, mid, hi)
+        result = torch.where(todo, lo, result)
+        todo &= hi - lo > tolerance * hi
+    return float(result[0]) if single else result

@@ -1,115 +1,150 @@
-"""Stochastic gradient estimators of the SGAIS potential (thesis eq. 4.14).
+"""Stochastic gradient estimators of the SGAIS potential (thesis eq. 4.14), on stacks of models.
 
 The potential of the annealed target for a block ``C`` at inverse temperature ``λ`` is
 
     U(θ) = -λ Σ_{y∈C} log p(y|θ) - Σ_{y∈H} log p(y|θ) - log p(θ),
 
-and SGHMC needs ``∇U`` at every particle.  Two unbiased estimators of the history
-term are offered; both draw ``B`` with replacement from ``H``:
+and SGHMC needs ``∇U`` at every particle.  The prior and block terms are exact
+(:func:`potential_gradient`); the history term is estimated from a mini-batch ``B`` drawn with
+replacement from ``H``.  Estimators wrap estimators (BlackJAX ``sgmcmc/gradients.py``): a history
+estimator is ``(theta: [K, M, D], batch) -> [K, M, D]``, an estimate of ``∇ Σ_{y∈H} log p(y|θ)``.
 
-* :func:`minibatch_gradient` — the thesis's ``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)``
-  (eq. 4.14).  Its variance grows like ``n_prev²/|B|``.
-* :func:`control_variate_gradient` — around a per-particle anchor ``a_i`` with the
-  exact history gradient ``G_i = Σ_{y∈H} ∇ log p(y|a_i)`` kept up to date:
-  ``G_i + (n_prev/|B|) Σ_{y∈B} [∇ log p(y|θ_i) − ∇ log p(y|a_i)]``
-  (Baker, Fearnhead, Fox & Nemeth 2019, "Control variates for stochastic gradient
-  MCMC", eq. 8; Dubey et al. 2016).  Its variance scales with ``|θ_i − a_i|²``,
-  which shrinks as the posterior concentrates, so it removes the ``η²n²/|B|``
-  bias that makes plain SGAIS drift at large ``n``.
-
-Both return ``grad: [M, D]`` (of ``U``, i.e. of the *negative* log-target).
+* :class:`Minibatch` — the thesis's ``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)`` (eq. 4.14).  Its
+  variance grows like ``n_prev²/|B|``.
+* :class:`ControlVariates` — wraps any estimator around per-particle anchors ``a_i`` with the
+  exact history gradient ``G_i = Σ_{y∈H} ∇ log p(y|a_i)``, kept in the estimator's own state:
+  ``G_i + est(θ_i, B) − est(a_i, B)`` (Baker, Fearnhead, Fox & Nemeth 2019, "Control variates for
+  stochastic gradient MCMC", eq. 8; Dubey et al. 2016).  Its variance scales with ``|θ_i − a_i|²``,
+  which shrinks as the posterior concentrates, so it removes the ``η²n²/|B|`` bias that makes
+  plain SGAIS drift at large ``n``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import torch
 
-from models.base import Family
+from models.base import bmm
+from models.stack import StackedFamily
 
 
 class Batch(NamedTuple):
+    """Likelihood rows of a stack: ``x: [K, B, d] | None``, ``y: [K, B, ...]``; for quadratic families
+    the rows may be replaced by their precomputed statistics ``stats = (A: [K, D, D], c: [K, D] | None)``."""
+
     x: torch.Tensor | None
-    y: torch.Tensor
+    y: torch.Tensor | None
+    stats: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
 
-def _grad(fn, theta: torch.Tensor) -> torch.Tensor:
-    with torch.enable_grad():
-        t = theta.detach().requires_grad_(True)
-        (g,) = torch.autograd.grad(fn(t).sum(), t)
-    return g
+PotentialGradient = Callable[[torch.Tensor, Batch | None], torch.Tensor]
 
 
-def minibatch_gradient(
-    family: Family, theta: torch.Tensor, *, block: Batch, lam: float, batch: Batch | None, n_prev: int
-) -> torch.Tensor:
-    """``∇Û(θ)`` with the plain mini-batch estimator (thesis eq. 4.14); ``theta: [M, D]`` -> ``[M, D]``."""
+class HistoryEstimator(Protocol):
+    """An estimate of ``∇ Σ_{y∈H} log p(y|θ)`` from a mini-batch: ``(theta: [K, M, D], batch) -> [K, M, D]``."""
 
-    if family.analytic_gradients:
-        g = -family.grad_log_prior(theta) - lam * family.grad_log_likelihood(theta, block.x, block.y)
-        if batch is not None and n_prev > 0:
-            g = g - (n_prev / batch.y.shape[0]) * family.grad_log_likelihood(theta, batch.x, batch.y)
-        return g
+    def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor: ...
 
-    def neg_log_target(t: torch.Tensor) -> torch.Tensor:
-        out = -family.log_prior(t) - lam * family.log_likelihood(t, block.x, block.y).sum(-1)
-        if batch is not None and n_prev > 0:
-            scale = n_prev / batch.y.shape[0]
-            out = out - scale * family.log_likelihood(t, batch.x, batch.y).sum(-1)
-        return out
-
-    return _grad(neg_log_target, theta)
+    def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``est(θ, B) − est(a, B)`` on the same batch, ``theta, anchor: [K, M, D]``."""
+        ...
 
 
-def control_variate_gradient(
-    family: Family,
-    theta: torch.Tensor,
-    *,
-    block: Batch,
-    lam: float,
-    batch: Batch | None,
-    n_prev: int,
-    anchor: torch.Tensor,
-    anchor_grad: torch.Tensor,
-) -> torch.Tensor:
-    """``∇Û(θ)`` with control variates (Baker et al. 2019, eq. 8).
+class Minibatch:
+    """``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)`` (thesis eq. 4.14); ``scale: [K]`` is ``n_prev/|B|`` per model.
 
-    Parameters
-    ----------
-    theta, anchor : [M, D] particles and their anchors.
-    anchor_grad : [M, D] ``Σ_{y∈H} ∇_θ log p(y|a_i)`` (the exact history gradient at the anchor).
+    For quadratic families (``model.quadratic``) it works with the batch's statistics ``(A_B, c_B)``:
+    ``scale · (c_B − θ A_B)``, and the difference at two points is ``−scale · (θ − a) A_B``.
     """
-    M = theta.shape[0]
-    if batch is None or n_prev == 0:
-        return minibatch_gradient(family, theta, block=block, lam=lam, batch=None, n_prev=0)
-    scale = n_prev / batch.y.shape[0]
-    if family.analytic_gradients:
-        gb = family.grad_log_likelihood(torch.cat([theta, anchor], 0), batch.x, batch.y)
-        return (
-            -family.grad_log_prior(theta)
-            - lam * family.grad_log_likelihood(theta, block.x, block.y)
-            - scale * (gb[:M] - gb[M:])
-            - anchor_grad
-        )
 
-    def objective(z: torch.Tensor) -> torch.Tensor:
-        t, a = z[:M], z[M:]
-        ll_batch = family.log_likelihood(z, batch.x, batch.y).sum(-1)  # [2M]
-        out = -family.log_prior(t) - lam * family.log_likelihood(t, block.x, block.y).sum(-1)
-        return out - scale * (ll_batch[:M] - ll_batch[M:])
+    def __init__(self, model: StackedFamily, scale: torch.Tensor):
+        self.model = model
+        self.scale = scale[:, None, None].to(model.hp_dtype)
+        self.neg_scale = -self.scale
 
-    g = _grad(objective, torch.cat([theta, anchor], 0))
-    # d/dθ_i of the anchored difference: ∇ℓ_B(θ_i) − ∇ℓ_B(a_i); the second part sits in g[M:].
-    return g[:M] + g[M:] - anchor_grad
+    def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if self.model.quadratic:
+            A, c = batch.stats if batch.stats is not None else self.model.gradient_statistics(batch.x, batch.y)
+            assert c is not None
+            return self.scale * (c[:, None, :] - bmm(theta, A))
+        assert batch.y is not None
+        return self.scale * self.model.grad_log_likelihood(theta, batch.x, batch.y)
+
+    def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if self.model.quadratic:
+            A = batch.stats[0] if batch.stats is not None else self.model.gradient_statistics(batch.x, None)[0]
+            return self.neg_scale * bmm(theta - anchor, A)
+        M = theta.shape[1]
+        g = self(torch.cat([theta, anchor], 1), batch)  # one evaluation for particles and anchors
+        return g[:, :M] - g[:, M:]
+
+
+class ControlVariates:
+    """``G + base(θ, B) − base(a, B)`` (Baker et al. 2019, eq. 8) around anchors ``anchor: [K, M, D]``
+    with exact history gradients ``anchor_grad: [K, M, D]`` (the estimator's own state)."""
+
+    def __init__(self, base: HistoryEstimator, anchor: torch.Tensor, anchor_grad: torch.Tensor):
+        self.base, self.anchor, self.anchor_grad = base, anchor, anchor_grad
+
+    def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self.anchor_grad + self.base.difference(theta, self.anchor, batch)
+
+    def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self.base.difference(theta, anchor, batch)
+
+
+def minibatch(model: StackedFamily, scale: torch.Tensor) -> Minibatch:
+    """The plain mini-batch estimator (:class:`Minibatch`)."""
+    return Minibatch(model, scale)
+
+
+def control_variates(base: HistoryEstimator, anchor: torch.Tensor, anchor_grad: torch.Tensor) -> ControlVariates:
+    """Wrap ``base`` with control variates (:class:`ControlVariates`)."""
+    return ControlVariates(base, anchor, anchor_grad)
+
+
+def potential_gradient(
+    model: StackedFamily, block: Batch, lam: torch.Tensor, history: HistoryEstimator | None
+) -> PotentialGradient:
+    """``∇Û(θ) = −∇ log p(θ) − λ_k ∇ Σ_{y∈C} log p(y|θ) − history(θ, B)`` with ``lam: [K]`` (eq. 4.14).
+
+    Quadratic families fold the prior and the block into ``(P, q) = (A0 + λA, c0 + λc)`` once, so a
+    step's exact part is ``q − θ P`` whatever the block length.
+    """
+    if model.quadratic:
+        A0, c0 = model.prior_statistics()
+        A, c = model.gradient_statistics(block.x, block.y)
+        lam_t = lam.to(A.dtype)
+        P, q = A0 + lam_t[:, None, None] * A, (c0 + lam_t[:, None] * c)[:, None, :]
+
+        def exact(theta: torch.Tensor) -> torch.Tensor:
+            return q - bmm(theta, P)
+
+    else:
+
+        def exact(theta: torch.Tensor) -> torch.Tensor:
+            assert block.y is not None
+            return model.grad_log_target(theta, block.x, block.y, lam)
+
+    assert block.y is not None
+
+    def grad_u(theta: torch.Tensor, batch: Batch | None) -> torch.Tensor:
+        g = exact(theta)
+        if history is not None and batch is not None:
+            g = g + history(theta, batch)
+        return -g
+
+    return grad_u
 
 
 def history_gradient(
-    family: Family, anchor: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, *, chunk: int = 16384
+    model: StackedFamily, anchor: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, *, chunk: int = 16384
 ) -> torch.Tensor:
-    """``Σ_{rows} ∇_θ log p(y|θ)`` at ``anchor: [M, D]`` over all rows, in chunks. -> ``[M, D]``."""
+    """``Σ_{rows} ∇_θ log p(y|θ)`` at ``anchor: [K, M, D]`` over rows ``x: [K, n, d]``, ``y: [K, n, ...]``."""
     total = torch.zeros_like(anchor)
-    for start in range(0, y.shape[0], chunk):
-        xs = x[start : start + chunk] if x is not None else None
-        total += family.grad_log_likelihood(anchor, xs, y[start : start + chunk])
+    for start in range(0, y.shape[1], chunk):
+        xs = x[:, start : start + chunk] if x is not None else None
+        total += model.grad_log_likelihood(anchor, xs, y[:, start : start + chunk])
     return total

@@ -131,3 +131,56 @@ class History:
             if x is not None:
                 self.x[: x.shape[0]] = x.to(self.device)
             self.size = y.shape[0]
+
+
+class StackBatches:
+    """Mini-batches for a stack of models, each drawn from its own history with its own generator.
+
+    Model ``k`` draws its indices uniformly with replacement from its held rows (thesis eq. 4.14)
+    with ``generators[k]``, all the batches of one annealing step in one call (:meth:`plan`); a model
+    with an empty history draws nothing and gets row 0 of the stack (its history term carries weight
+    ``n_prev = 0``).  With several models the held rows are concatenated once per block
+    (``O(Σ n_k)`` copies) so that a step gathers every model's batch in one indexing operation;
+    one model indexes its own buffer directly.
+    """
+
+    def __init__(self, histories: list[History], batch_size: int):
+        self.histories = histories
+        self.batch_size = batch_size
+        self.sizes = [h.size for h in histories]
+        self._source: tuple[torch.Tensor | None, torch.Tensor, list[int]] | None = None
+
+    def source(self) -> tuple[torch.Tensor | None, torch.Tensor, list[int]]:
+        """``(x: [N, d] | None, y: [N, ...], offsets)``: the rows the indices of :meth:`plan` point into."""
+        if self._source is None:
+            if len(self.histories) == 1:
+                x, y = self.histories[0].all_rows()
+                self._source = (x, y, [0])
+            else:
+                held = [h for h in self.histories if h.size > 0]
+                xs = [h.x[: h.size] for h in held if h.x is not None]
+                offsets, start = [], 0
+                for size in self.sizes:
+                    offsets.append(start)
+                    start += size
+                ys = [h.y[: h.size] for h in held if h.y is not None]
+                self._source = (torch.cat(xs) if xs else None, torch.cat(ys), offsets)
+        return self._source
+
+    def plan(self, generators: list[torch.Generator], models: list[int], counts: list[int]) -> torch.Tensor:
+        """Indices ``[k, max(counts), batch_size]`` into :meth:`source`: model ``models[j]`` draws
+        ``counts[j]`` batches with ``generators[j]`` (one ``randint`` call); the rest is zeros."""
+        _, y, offsets = self.source()
+        S, B = max(counts, default=0), self.batch_size
+        rows = []
+        for g, k, c in zip(generators, models, counts, strict=True):
+            idx = torch.zeros((S, B), dtype=torch.long, device=y.device)
+            if c and self.sizes[k]:
+                idx[:c] = torch.randint(0, self.sizes[k], (c, B), generator=g, device=y.device) + offsets[k]
+            rows.append(idx)
+        return torch.stack(rows)
+
+    def rows(self, index: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The rows at ``index`` (any shape): ``(x: [*index.shape, d] | None, y: [*index.shape, ...])``."""
+        x, y, _ = self.source()
+        return (x[index] if x is not None else None), y[index]

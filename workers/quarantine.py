@@ -159,7 +159,13 @@ def install_budget_check(engine: Any, budget: Budget) -> None:
     one SGHMC step.  The check raises before the evaluation, outside any torch kernel.
     """
     family = engine.family
-    for name in ("log_likelihood", "grad_log_likelihood"):
+    # the stacked kernel (models/stack.py) calls the stacked_* methods of its first model's family; the
+    # worker advances one model per call, so that is this model's family
+    names = ("log_likelihood", "grad_log_likelihood", "stacked_log_likelihood", "stacked_grad_log_likelihood",
+             "stacked_gradient_statistics")  # fmt: skip
+    for name in names:
+        if not hasattr(family, name):
+            continue
         original = getattr(family, name)
 
         def checked(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:

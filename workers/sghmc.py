@@ -4,38 +4,44 @@ In the SGD-with-momentum parameterisation of Chen et al. (2014, eq. 15) with
 ``β̂ = 0``:
 
     ξ ~ N(0, 2αη),   v ← (1 − α) v − η ∇Û(θ) + ξ,   θ ← θ + v.
+
+On a stack of ``K`` models every tensor has a leading model axis; each model's noise comes from
+its own generator.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-GradientFn = Callable[[torch.Tensor], torch.Tensor]
+
+def standard_normal(generators: Sequence[torch.Generator], shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """``[K, *shape]`` standard normal draws, row ``k`` from ``generators[k]`` (K calls; measured in
+    ``bench/stack_kernel.py``)."""
+    opts: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
+    if len(generators) == 1:
+        return torch.randn(shape, generator=generators[0], **opts)[None]
+    return torch.stack([torch.randn(shape, generator=g, **opts) for g in generators])
 
 
 def sghmc_step(
-    generator: torch.Generator,
     theta: torch.Tensor,
     velocity: torch.Tensor,
-    grad_fn: GradientFn,
+    grad_u: torch.Tensor,
+    xi: torch.Tensor,
     *,
-    step_size: float | torch.Tensor,
-    momentum_decay: float,
+    step_size: torch.Tensor,
+    momentum_keep: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SGHMC step. ``theta, velocity: [M, D]`` -> new ``(theta, velocity)``.
+    """One SGHMC step. ``theta, velocity, grad_u, xi: [K, M, D]`` -> new ``(theta, velocity)``.
 
-    ``step_size`` is η (thesis eq. 2.53): a number, or ``[D]`` for a constant diagonal
-    preconditioner ``η_d = η·P_d`` (SGHMC with mass matrix ``P⁻¹``, Chen et al. 2014 §3.2:
-    ``v ← (1−α)v − η P ∇U + N(0, 2αη P)``; no correction term since ``P`` does not depend
-    on ``θ`` during the chain).  ``momentum_decay`` is α.
+    ``step_size`` is η (thesis eq. 2.53), ``[K, 1, D]`` for a constant diagonal preconditioner
+    ``η_d = η·P_d`` (SGHMC with mass matrix ``P⁻¹``, Chen et al. 2014 §3.2:
+    ``v ← (1−α)v − η P ∇U + N(0, 2αη P)``; no correction term since ``P`` does not depend on
+    ``θ`` during the chain) or ``[K, 1, 1]``.  ``momentum_keep`` is ``1 − α`` (α the momentum decay), ``[K, 1, 1]``.
+    ``xi`` is the injected noise, already scaled: ``√(2αη) · N(0, 1)``.
     """
-    noise = torch.randn(theta.shape, generator=generator, dtype=theta.dtype, device=theta.device)
-    if isinstance(step_size, torch.Tensor):
-        noise_scale = torch.sqrt(2.0 * momentum_decay * step_size)
-    else:
-        noise_scale = math.sqrt(2.0 * momentum_decay * step_size)
-    velocity = (1.0 - momentum_decay) * velocity - step_size * grad_fn(theta) + noise_scale * noise
+    velocity = momentum_keep * velocity - step_size * grad_u + xi
     return theta + velocity, velocity

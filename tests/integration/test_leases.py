@@ -69,14 +69,14 @@ def test_a_lost_lease_is_counted_with_its_refused_blocks(settings):
         # taken over while the block runs (after the attempt's fenced start): the family's first
         # log-likelihood evaluation of this chunk hands the lease to someone else
         family = first.held["default/m"].engine.family
-        original = family.log_likelihood
+        original = family.stacked_log_likelihood
 
         def take_over(*args, **kwargs):
             if r.get(keys.lease("default", "m")) != b"someone-else":
                 r.set(keys.lease("default", "m"), "someone-else")
             return original(*args, **kwargs)
 
-        family.log_likelihood = take_over
+        family.stacked_log_likelihood = take_over
         first.step()
         assert "default/m" not in first.held
         field = counter_field("first", "default", "m")

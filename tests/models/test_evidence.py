@@ -33,6 +33,7 @@ from models.conjugate import (
     linear_regression_log_evidence,
 )
 from workers.engine import ModelEngine
+from workers.stacking import advance_stack
 
 N = 2000
 SEEDS = (0, 1, 2)
@@ -77,20 +78,24 @@ CASES = {
 }
 
 
-def sgais_errors(case: str) -> tuple[list[float], float]:
-    """``log Ẑ − log Z`` per seed (nats) and the exact log Z."""
+def sgais_errors(case: str, stacked: bool = False) -> tuple[list[float], float]:
+    """``log Ẑ − log Z`` per seed (nats) and the exact log Z; ``stacked``: the seeds run as one stack."""
     (family, params), x, y, exact = CASES[case](torch.Generator().manual_seed(100))
+    engines = [ModelEngine(family, params, {"seed": seed}) for seed in SEEDS]
+    if stacked:
+        results = advance_stack(engines, [(x, y)] * len(engines))
+    else:
+        results = [eng.update(x, y) for eng in engines]
     errors = []
-    for seed in SEEDS:
-        eng = ModelEngine(family, params, {"seed": seed})
-        infos = eng.update(x, y)
+    for eng, infos in zip(engines, results, strict=True):
+        assert isinstance(infos, list), infos
         assert eng.observations == N and not any(i.guard_tripped for i in infos)
         errors.append(eng.log_evidence - exact)
     return errors, exact
 
 
-def check(case: str) -> None:
-    errors, exact = sgais_errors(case)
+def check(case: str, stacked: bool = False) -> None:
+    errors, exact = sgais_errors(case, stacked)
     sigma = SIGMA[case]
     centre = -0.5 * sigma**2
     msg = f"{case}: log Z = {exact:.3f}, SGAIS errors {np.round(errors, 3).tolist()} (σ = {sigma})"
@@ -101,16 +106,19 @@ def check(case: str) -> None:
 
 
 @pytest.mark.slow
-def test_linear_regression_known_noise_matches_exact_evidence():
-    check("linear_regression")
+@pytest.mark.parametrize("stacked", [False, True], ids=["alone", "stacked"])
+def test_linear_regression_known_noise_matches_exact_evidence(stacked):
+    check("linear_regression", stacked)
 
 
 @pytest.mark.slow
-def test_autoregressive_known_noise_matches_exact_evidence():
-    check("autoregressive")
+@pytest.mark.parametrize("stacked", [False, True], ids=["alone", "stacked"])
+def test_autoregressive_known_noise_matches_exact_evidence(stacked):
+    check("autoregressive", stacked)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stacked", [False, True], ids=["alone", "stacked"])
 @pytest.mark.parametrize("case", ["gmm-1", "gmm-2"])
-def test_gmm_one_component_matches_normal_inverse_gamma_evidence(case):
-    check(case)
+def test_gmm_one_component_matches_normal_inverse_gamma_evidence(case, stacked):
+    check(case, stacked)

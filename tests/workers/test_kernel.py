@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from models import make_family
-from workers import sgais
+from models.stack import StackedFamily
+from workers import sgais, stacking
 from workers.engine import ModelEngine, posterior_summary_from_bytes
 from workers.ess import conditional_ess, ess, solve_increment
+from workers.fisher import fisher_diagonal
 from workers.resampling import systematic_resample
 from workers.settings import SamplerSettings
 
@@ -91,18 +93,20 @@ def _frozen_settings(**kw) -> SamplerSettings:
     return SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=0.0, seed=0, **kw)
 
 
+def _engine(settings: SamplerSettings, **params) -> ModelEngine:
+    return ModelEngine("linear_regression", {"features": 3, **params}, settings)
+
+
 def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = _frozen_settings()
+    e = _engine(_frozen_settings())
     g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
     x, y = linear_data(40)
     # non-uniform weights before the block, as left by an earlier block without resampling
-    state = state._replace(log_w=torch.randn(8, generator=g, dtype=torch.float64))
+    e.state = e.state._replace(log_w=torch.randn(8, generator=g, dtype=torch.float64))
     x, y = x[:6], y[:6]
-    before = state.log_w.clone()
-    state, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
-    ll = family.log_likelihood(state.theta, x, y).sum(-1)
+    before = e.state.log_w.clone()
+    (info,) = e.update(x, y)
+    ll = e.family.log_likelihood(e.state.theta, x, y).sum(-1)
     expected = float(torch.logsumexp(before + ll, 0) - math.log(8))
     assert info.annealing_steps > 1
     assert info.log_evidence == pytest.approx(expected, abs=1e-9)
@@ -110,43 +114,35 @@ def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> No
 
 
 def test_resampling_preserves_the_evidence_estimate() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0)
-    g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
+    e = _engine(SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0))
     x, y = linear_data(20)
-    ll = family.log_likelihood(state.theta, x, y).sum(-1)
+    ll = e.family.log_likelihood(e.state.theta, x, y).sum(-1)
     # With a single increment (ESS target met trivially is impossible here), check the first step's identity
     # instead: after the block, Ẑ is the mean of the weights carried through resampling; with frozen particles
     # its expectation equals mean(exp(ℓ)) and every resampling keeps logsumexp(log w) unchanged at that moment.
-    state2, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    (info,) = e.update(x, y)
     assert info.resampled
-    assert torch.allclose(state2.log_w, state2.log_w[0].expand(8))
+    assert torch.allclose(e.state.log_w, e.state.log_w[0].expand(8))
     assert math.isfinite(info.log_evidence)
     assert info.log_evidence <= float(ll.max())  # a mean of likelihoods of particles that exist
 
 
 def test_guard_on_annealing_steps_is_reported() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, seed=0)
-    g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
+    e = _engine(SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, block_size=200, seed=0))
     x, y = linear_data(200)
-    _, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
+    (info,) = e.update(x, y)
     assert info.guard_tripped
     assert info.annealing_steps == 2
 
 
 def test_nan_in_the_block_raises_and_leaves_the_state_alone() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=8, burn_in=2, seed=0)
-    g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
+    e = _engine(SamplerSettings(particles=8, burn_in=2, seed=0))
+    state = e.state
     x, y = linear_data(10)
     y[3] = float("nan")
     with pytest.raises(sgais.NumericalError):
-        sgais.absorb_block(g, state, family=family, settings=settings, x=x, y=y)
-    assert state.history.seen == 0
+        e.update(x, y, validated=True)
+    assert e.state is state and state.history.seen == 0 and e.observations == 0
 
 
 # ----- determinism and checkpoints --------------------------------------------------------------
@@ -225,32 +221,46 @@ def test_posterior_summary_from_a_checkpoint_equals_the_engines(dtype: str) -> N
     assert posterior_summary_from_bytes(e.to_bytes(include_history=False)) == e.posterior_summary()
 
 
-def test_analytic_gradients_match_autograd() -> None:
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 2.0}),
+        ("autoregressive", {"order": 3, "noise_std": 0.5, "prior_std": 0.8}),
+        ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
+        ("gmm", {"dim": 2, "components": 1, "variance_shape": 2.5, "variance_scale": 0.5, "mean_scale": 3.0}),
+    ],
+)
+def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
     from models.base import Family
 
-    family = make_family("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 2.0})
+    family = make_family(name, params)
     assert family.analytic_gradients
+    hp = family.hyper_tensors(torch.float64)
     g = torch.Generator().manual_seed(5)
-    theta = torch.randn(4, family.dim, generator=g, dtype=torch.float64)
-    x, y = linear_data(30)
-    assert torch.allclose(family.grad_log_likelihood(theta, x, y), Family.grad_log_likelihood(family, theta, x, y))
-    assert torch.allclose(family.grad_log_prior(theta), Family.grad_log_prior(family, theta))
+    theta = torch.randn(1, 4, family.dim, generator=g, dtype=torch.float64)
+    x, y = linear_data(30, d=params.get("features", params.get("order", 2)))
+    if name == "gmm":
+        x, y = None, torch.randn(30, 2, generator=g, dtype=torch.float64)
+    xs = x[None] if x is not None else None
+    got = family.stacked_grad_log_likelihood(theta, xs, y[None], hp)
+    torch.testing.assert_close(got, Family.stacked_grad_log_likelihood(family, theta, xs, y[None], hp))
+    torch.testing.assert_close(
+        family.stacked_grad_log_prior(theta, hp), Family.stacked_grad_log_prior(family, theta, hp)
+    )
 
 
 def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
-    family = make_family("linear_regression", {"features": 3})
-    settings = SamplerSettings(particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0)
+    e = _engine(SamplerSettings(particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0))
     g = torch.Generator().manual_seed(0)
-    state = sgais.init(g, family, settings)
-    assert state.theta.shape[0] == 16
-    state = state._replace(log_w=torch.randn(16, generator=g, dtype=torch.float64))
+    assert e.state.theta.shape[0] == 16
+    e.state = e.state._replace(log_w=torch.randn(16, generator=g, dtype=torch.float64))
     x, y = linear_data(20)
-    state.history.append(x[:10], y[:10])
-    reduced = sgais.reduce_particles(g, state, settings)
-    assert reduced.theta.shape == (4, family.dim)
-    assert reduced.log_evidence == pytest.approx(state.log_evidence, abs=1e-12)
-    _, info = sgais.absorb_block(g, state, family=family, settings=settings, x=x[10:], y=y[10:])
-    assert info.ess <= 4
+    e.state.history.append(x[:10], y[:10])
+    reduced = stacking.reduce_particles(g, e.state, 4)
+    assert reduced.theta.shape == (4, e.family.dim)
+    assert reduced.log_evidence == pytest.approx(e.state.log_evidence, abs=1e-12)
+    (info,) = e.update(x[10:], y[10:])
+    assert info.ess <= 4 and e.state.theta.shape[0] == 4
 
 
 # ----- re-annealing after a change point ---------------------------------------------------------
@@ -270,14 +280,14 @@ def test_merged_population_averages_the_two_evidence_estimates() -> None:
         torch.ones(9, 2, dtype=torch.float64),
         torch.randn(9, generator=g, dtype=torch.float64) - 49.0,
     )
-    theta, velocity, log_w = sgais.merge_populations(g, a, b)
+    theta, velocity, log_w = stacking.merge_populations(g, a, b)
     z = [float(torch.logsumexp(p[2], 0)) - math.log(p[2].shape[0]) for p in (a, b)]
     assert theta.shape == (6, 2) and velocity.shape == (6, 2)
     assert torch.all(log_w == log_w[0])
     expected = max(z) + math.log1p(math.exp(min(z) - max(z))) - math.log(2)
     assert float(log_w[0]) == pytest.approx(expected, abs=1e-12)
     stuck = (a[0], a[1], a[2] - 200.0)
-    theta, _, _ = sgais.merge_populations(g, stuck, b)
+    theta, _, _ = stacking.merge_populations(g, stuck, b)
     assert torch.all(theta == 1.0)
 
 
@@ -293,11 +303,12 @@ def test_reannealing_happens_at_most_once_per_doubling_after_the_warmup() -> Non
     assert not any(i.reannealed for i in off.update(x, y))
 
 
-@pytest.mark.parametrize("horizon,expected", [(1.0, [700]), (2.0, [700, 1400]), (3.0, [700, 1400, 2800])])
-def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float, expected: list[int]) -> None:
-    """Regression weights flip sign at observation 600: the block after it needs 23 annealing steps
-    (1–6 before it), and the blocks up to 1,100 still need >= 10, so the last change is at 1,100.
-    Re-annealings: at the change (700), then at each doubling while n <= horizon * 1,100."""
+@pytest.mark.parametrize("horizon", [1.0, 2.0, 3.0])
+def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float) -> None:
+    """Regression weights flip sign at observation 600: the block after it needs >= 10 annealing steps
+    (fewer before it), and the next few blocks too.  Re-annealings: at the change (700), then at each
+    doubling of the history while n <= horizon * (size at the last change) — replayed here from the
+    engine's own annealing-step counts."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3000, 3, generator=g, dtype=torch.float64)
     w = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
@@ -309,8 +320,19 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float, expec
     )
     infos = e.update(x, y)
     assert max(i.annealing_steps for i in infos[3:6]) < 10 <= infos[6].annealing_steps
-    assert [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
-    assert e.state.n_change == 1100
+    n_change = n_reanneal = 0
+    expected = []
+    for i, info in enumerate(infos):
+        n = 100 * (i + 1)
+        if info.annealing_steps >= 10 and n - 100 >= SMALL["warmup_observations"]:
+            n_change = n
+        if n_change and n <= horizon * n_change and n >= 2 * n_reanneal:
+            expected.append(n)
+            n_reanneal = n
+    assert expected[0] == 700 and [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
+    assert e.state.n_change == n_change and 1000 <= n_change <= 1500
+    if horizon == 3.0:
+        assert len(expected) >= 3
 
 
 def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
@@ -359,7 +381,8 @@ def test_fisher_diagonal_matches_per_observation_gradients() -> None:
     y = torch.randint(0, 3, (40,), generator=g).to(torch.float64)
     exact = torch.stack([family.grad_log_likelihood(theta, x[b : b + 1], y[b : b + 1]) ** 2 for b in range(40)]).mean(0)
     exact = (torch.softmax(log_w, 0)[:, None] * exact).sum(0)
-    got = sgais.fisher_diagonal(g, family, theta, log_w, x, y, probes=400)
+    stack = StackedFamily([family], torch.float64, "cpu")
+    got = fisher_diagonal([g], stack, theta[None], log_w[None], x[None], y[None], probes=400)[0]
     assert got.shape == (family.dim,)
     assert torch.allclose(got, exact, rtol=0.15)
 
@@ -397,3 +420,30 @@ def test_divergence_is_detected_not_absorbed() -> None:
     with pytest.raises(sgais.NumericalError, match="diverged"):
         for a in range(0, 1500, 500):
             engine.update(x[a : a + 500], y[a : a + 500])
+
+
+@pytest.mark.parametrize(
+    "name,params",
+    [("linear_regression", {"features": 3, "noise_std": 0.7}), ("autoregressive", {"order": 2, "noise_std": 0.5})],
+)
+def test_quadratic_families_have_the_exact_fisher_diagonal_and_gradient_statistics(name, params) -> None:
+    """Linear-Gaussian families: the Fisher diagonal is the exact per-observation sum (no probes), and
+    ``c − θA`` from the block statistics equals the closed-form gradient of the log-likelihood."""
+    family = make_family(name, params)
+    stack = StackedFamily([family], torch.float64, "cpu")
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(1, 8, family.dim, generator=g, dtype=torch.float64)
+    log_w = torch.randn(1, 8, generator=g, dtype=torch.float64)
+    x = torch.randn(1, 40, family.dim - 1, generator=g, dtype=torch.float64)
+    y = torch.randn(1, 40, generator=g, dtype=torch.float64)
+    per_obs = torch.stack(
+        [family.grad_log_likelihood(theta[0], x[0, b : b + 1], y[0, b : b + 1]) ** 2 for b in range(40)]
+    )
+    expected = (torch.softmax(log_w[0], 0)[:, None] * per_obs.mean(0)).sum(0)
+    torch.testing.assert_close(fisher_diagonal([g], stack, theta, log_w, x, y)[0], expected, rtol=1e-10, atol=0)
+    A, c = stack.gradient_statistics(x, y)
+    torch.testing.assert_close(
+        c[:, None, :] - theta @ A, stack.grad_log_likelihood(theta, x, y), rtol=1e-10, atol=1e-10
+    )
+    A0, c0 = stack.prior_statistics()
+    torch.testing.assert_close(c0[:, None, :] - theta @ A0, stack.grad_log_prior(theta), rtol=1e-12, atol=1e-12)

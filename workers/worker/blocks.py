@@ -11,7 +11,7 @@ from typing import Any
 from workers.engine import ModelEngine, block_bounds
 from workers.quarantine import Budget
 from workers.segmented import SegmentedEngine
-from workers.sgais import BlockInfo
+from workers.state import BlockInfo
 from workers.store import records
 
 

@@ -1,0 +1,72 @@
+"""Densities and gradients written as plain tensor arithmetic on stacked parameters ``[K, M, ...]``.
+
+No ``torch.distributions`` objects or argument validation: these run inside the sampler's loop.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+def normal_log_prob(value: torch.Tensor, mean: torch.Tensor | float, std: torch.Tensor | float) -> torch.Tensor:
+    """Elementwise ``log N(value; mean, std^2)`` (nats)."""
+    if not isinstance(std, torch.Tensor):
+        std = torch.as_tensor(std, dtype=value.dtype, device=value.device)
+    z = (value - mean) / std
+    return -0.5 * z * z - torch.log(std) - 0.5 * LOG_2PI
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm(a: [K, m, k], b: [K, k, n]) -> [K, m, n]`` whose slice ``k`` has the same bits for any ``K``.
+
+    MKL takes another path (gemv) for a single product with one output column, so ``K = 1`` and
+    ``K ≥ 2`` would differ in the last bits; with any of ``m, k, n`` equal to 1 the product is
+    computed elementwise instead (measured: ``tests/workers/test_stack.py``).
+    """
+    if min(a.shape[-2], a.shape[-1], b.shape[-1]) == 1:
+        return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)
+    return torch.bmm(a, b)
+
+
+def linear_gaussian_gradient(
+    theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, variance: torch.Tensor
+) -> torch.Tensor:
+    """``∇_θ Σ_b log N(y_b; θ[:-1]·x_b + θ[-1], σ²)`` for ``theta: [K, M, d+1]``, ``x: [K, B, d]``,
+    ``y: [K, B]``, ``variance: [K, 1]`` -> ``[K, M, d+1]`` (residual ``r = (y − w·x − b)/σ²``)."""
+    r = (y[:, None, :] - bmm(theta[..., :-1], x.transpose(1, 2)) - theta[..., -1:]) / variance[..., None]
+    return torch.cat([bmm(r, x), r.sum(-1, keepdim=True)], dim=-1)
+
+
+def linear_gaussian_statistics(
+    x: torch.Tensor, y: torch.Tensor | None, variance: torch.Tensor
+) -> tuple[torch.Tensor, Any]:
+    """``(A, c)`` of ``Σ_b ∇_θ log N(y_b; θ·z_b, σ²) = c − θ A`` with ``z_b = [x_b, 1]``:
+    ``A = ZᵀZ/σ²: [K, d+1, d+1]``, ``c = Zᵀy/σ²: [K, d+1]`` for ``x: [K, B, d]``, ``y: [K, B]``,
+    ``variance: [K, 1]``.  With ``y = None`` only ``A`` (``c`` is None)."""
+    z = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)  # [K, B, D]
+    zt = z.transpose(1, 2)
+    if y is None:  # the curvature alone
+        return bmm(zt, z) / variance[..., None], None
+    return bmm(zt, z) / variance[..., None], (zt * y[:, None, :]).sum(-1) / variance
+
+
+def linear_gaussian_fisher(
+    theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, variance: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Exact per-observation empirical Fisher diagonal ``[K, D]`` of ``N(y; θ·z, σ²)``, ``z = [x, 1]``:
+    ``f_d = Σ_i W_i (1/B) Σ_b (r_ib z_bd)²`` with ``r = (y − θ·z)/σ²`` and normalised ``weights: [K, M]``."""
+    z = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)  # [K, B, D]
+    r = (y[:, None, :] - bmm(theta, z.transpose(1, 2))) / variance[..., None]  # [K, M, B]
+    per_particle = bmm(r * r, z * z)  # [K, M, D]
+    return (weights[..., None] * per_particle).sum(1) / y.shape[1]
+
+
+def gaussian_prior_statistics(std: torch.Tensor, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A0, c0)`` of ``∇_θ log N(θ; 0, s² I) = c0 − θ A0``: ``A0 = I/s²: [K, D, D]``, ``c0 = 0: [K, D]``."""
+    eye = torch.eye(D, dtype=std.dtype, device=std.device)
+    return eye / (std[..., None] ** 2), std.new_zeros(std.shape[0], D)

@@ -1,0 +1,107 @@
+"""Models of one family evaluated together on stacked parameters ``theta: [K, M, D]``.
+
+:class:`StackedFamily` holds the shared family (shapes, control flow) and the per-model
+hyperparameters as ``[K, 1]`` tensors, built once per stack: the sampler's loop then calls plain
+tensor arithmetic (``Family.stacked_*``), one call for all ``K`` models.  Families whose
+:meth:`~models.base.Family.stack_key` are equal stack; the rest of a model's hyperparameters
+(:meth:`~models.base.Family.hyper`) become rows of these tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from models.base import Family
+
+
+class StackedFamily:
+    """``K`` models of one family with per-model hyperparameters.
+
+    Parameters
+    ----------
+    families : sequence of Family
+        All with the same :meth:`~models.base.Family.stack_key`.
+    dtype, device : the stack's particle dtype and device.
+
+    Raises
+    ------
+    ValueError
+        If the families do not share a stack key.
+    """
+
+    def __init__(self, families: Sequence[Family], dtype: torch.dtype, device: torch.device | str):
+        self.family = families[0]
+        key = self.family.stack_key()
+        if any(f.stack_key() != key for f in families):
+            raise ValueError("families of one stack must share a stack key")
+        names = list(self.family.hyper())
+        rows = [[f.hyper()[k] for k in names] for f in families]
+        table = torch.tensor(rows, dtype=dtype, device=device).reshape(len(families), len(names))
+        self.hp = {k: table[:, i : i + 1] for i, k in enumerate(names)}
+        self.K = len(families)
+        self.hp_dtype = dtype
+
+    @classmethod
+    def _from_hp(cls, family: Family, hp: dict[str, torch.Tensor], K: int, dtype: torch.dtype) -> StackedFamily:
+        out = cls.__new__(cls)
+        out.family, out.hp, out.K = family, hp, K
+        out.hp_dtype = dtype
+        return out
+
+    def select(self, idx: torch.Tensor) -> StackedFamily:
+        """The sub-stack of models ``idx: [k]`` (int64)."""
+        return StackedFamily._from_hp(
+            self.family, {k: v[idx] for k, v in self.hp.items()}, int(idx.numel()), self.hp_dtype
+        )
+
+    @property
+    def analytic_gradients(self) -> bool:
+        return self.family.analytic_gradients
+
+    @property
+    def quadratic(self) -> bool:
+        return self.family.quadratic
+
+    def gradient_statistics(self, x: torch.Tensor | None, y: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        """``(A: [K, D, D], c: [K, D])``: ``Σ_b ∇ log p(y_b|θ) = c − θ A`` (quadratic families; ``y = None``:
+        ``A`` alone)."""
+        return self.family.stacked_gradient_statistics(x, y, self.hp)
+
+    def prior_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A0: [K, D, D], c0: [K, D])``: ``∇ log p(θ) = c0 − θ A0`` (quadratic families)."""
+        return self.family.stacked_prior_statistics(self.hp)
+
+    def log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+        """``theta: [K, M, D]``, ``x: [K, B, d] | None``, ``y: [K, B, ...]`` -> ``[K, M, B]`` (nats)."""
+        values, _ = self.family.space.constrain(theta)
+        return self.family.stacked_log_likelihood(values, x, y, self.hp)
+
+    def log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """``theta: [K, M, D]`` -> ``[K, M]`` (nats), log-|J| included."""
+        values, log_det = self.family.space.constrain(theta)
+        return self.family.stacked_log_prior(values, self.hp) + log_det
+
+    def grad_log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+        """``∇_θ Σ_b log p(y_b|θ)``: ``[K, M, D]`` (closed form or one autograd call)."""
+        return self.family.stacked_grad_log_likelihood(theta, x, y, self.hp)
+
+    def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
+        """``∇_θ log p(θ)``: ``[K, M, D]`` (closed form or one autograd call)."""
+        return self.family.stacked_grad_log_prior(theta, self.hp)
+
+    def grad_log_target(
+        self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, lam: torch.Tensor
+    ) -> torch.Tensor:
+        """``∇_θ [log p(θ) + λ_k Σ_b log p(y_b|θ)]`` with ``lam: [K]``: one autograd call, or closed forms."""
+        if self.analytic_gradients:
+            return self.grad_log_prior(theta) + lam[:, None, None] * self.grad_log_likelihood(theta, x, y)
+        with torch.enable_grad():
+            t = theta.detach().requires_grad_(True)
+            values, log_det = self.family.space.constrain(t)
+            ll = self.family.stacked_log_likelihood(values, x, y, self.hp).sum(-1)
+            total = self.family.stacked_log_prior(values, self.hp) + log_det + lam[:, None].to(ll.dtype) * ll
+            (g,) = torch.autograd.grad(total.sum(), t)
+        return g

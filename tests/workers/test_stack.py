@@ -1,0 +1,191 @@
+"""The stacked kernel: a model's trace is the same bits alone (a stack of one) or in any stack,
+in any order, and after a checkpoint restored into another stack composition (DESIGN.md §9)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.stack import StackedFamily
+from workers.engine import ModelEngine
+from workers.stacking import advance_stack, stack_key
+
+D64 = torch.float64
+# warm-up crossing (12 -> 6 particles at 100 observations), re-anchoring, Fisher caps, resampling
+SMALL = {
+    "particles": 6,
+    "warmup_particles": 12,
+    "warmup_observations": 100,
+    "burn_in": 3,
+    "batch_size": 40,
+    "block_size": 50,
+}
+CHUNKS = [(0, 30), (30, 130), (130, 200), (200, 260)]
+
+
+def _stream(kind: str, seed: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "lr":
+        x = torch.randn(260, 3, generator=g, dtype=D64)
+        return x, x @ torch.tensor([0.5, -1.0, 0.3], dtype=D64) + torch.randn(260, generator=g, dtype=D64)
+    if kind == "ar":
+        y = torch.zeros(260, dtype=D64)
+        for t in range(1, 260):
+            y[t] = 0.7 * y[t - 1] + 0.5 * float(torch.randn((), generator=g, dtype=D64))
+        return None, y
+    return None, 1.5 * torch.randn(260, generator=g, dtype=D64) + 1.0  # gmm
+
+
+# (name, family, params, sampler overrides, stream kind, stream seed)
+MODELS = [
+    ("lr-a", "linear_regression", {"features": 3}, {"seed": 1}, "lr", 0),
+    ("lr-b", "linear_regression", {"features": 3, "prior_std": 2.0, "noise_std": 0.8}, {"seed": 2}, "lr", 0),
+    ("lr-c", "linear_regression", {"features": 3}, {"seed": 3, "learning_rate": 0.05, "burn_in": 5}, "lr", 1),
+    ("gmm-a", "gmm", {"dim": 1, "components": 1}, {"seed": 4}, "gmm", 2),
+    ("gmm-b", "gmm", {"dim": 1, "components": 1, "variance_shape": 2.0, "mean_scale": 1.0}, {"seed": 5}, "gmm", 2),
+    ("gmm-c", "gmm", {"dim": 1, "components": 1, "variance_scale": 0.5}, {"seed": 6, "ess_target": 0.7}, "gmm", 3),
+    ("ar-a", "autoregressive", {"order": 1}, {"seed": 7, "reanneal_steps": 2}, "ar", 4),
+    ("ar-b", "autoregressive", {"order": 1, "variance_shape": 3.0}, {"seed": 8}, "ar", 4),
+]
+BY_NAME = {m[0]: m for m in MODELS}
+
+
+def _engine(name: str) -> ModelEngine:
+    _, family, params, sampler, _, _ = BY_NAME[name]
+    return ModelEngine(family, params, {**SMALL, **sampler})
+
+
+def _chunk(name: str, a: int, b: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    x, y = _stream(*BY_NAME[name][4:])
+    return (x[a:b] if x is not None else None), y[a:b]
+
+
+def _fingerprint(e: ModelEngine) -> tuple:
+    s = e.state
+    return (
+        s.theta.clone(),
+        s.log_w.clone(),
+        s.velocity.clone(),
+        s.anchor_grad.clone(),
+        e.generator.get_state().clone(),
+        s.n_reanneal,
+    )
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return all(torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v for u, v in zip(a, b, strict=True))
+
+
+def _alone(name: str, chunks=CHUNKS) -> tuple[list, tuple]:
+    e = _engine(name)
+    infos = [i for a, b in chunks for i in e.update(*_chunk(name, a, b))]
+    return infos, _fingerprint(e)
+
+
+@pytest.fixture(scope="module")
+def alone() -> dict[str, tuple[list, tuple]]:
+    return {name: _alone(name) for name in BY_NAME}
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["lr-a", "lr-b"],
+        ["lr-b", "lr-a", "lr-c"],  # another order, a different stream and per-model learning rate and burn-in
+        ["gmm-c", "gmm-a", "gmm-b"],  # different priors in one stack
+        ["ar-b", "ar-a"],  # one re-anneals, the other does not
+        [m[0] for m in MODELS],  # three families in one call: three stacks
+        list(reversed([m[0] for m in MODELS])),
+    ],
+)
+def test_alone_and_stacked_are_bit_identical(alone, names: list[str]) -> None:
+    engines = [_engine(n) for n in names]
+    got: dict[str, list] = {n: [] for n in names}
+    for a, b in CHUNKS:
+        for n, res in zip(names, advance_stack(engines, [_chunk(n, a, b) for n in names]), strict=True):
+            assert isinstance(res, list), res
+            got[n] += res
+    for n, e in zip(names, engines, strict=True):
+        assert got[n] == alone[n][0], n
+        assert _same(_fingerprint(e), alone[n][1]), n
+    if "ar-a" in names:
+        assert any(i.reannealed for i in got["ar-a"])
+
+
+def test_models_of_a_stack_share_the_key_and_hyperparameters_become_rows() -> None:
+    a, b, c = _engine("gmm-a"), _engine("gmm-b"), _engine("lr-a")
+    assert stack_key(a) == stack_key(b) != stack_key(c)
+    stack = StackedFamily([a.family, b.family], torch.float64, "cpu")
+    assert stack.hp["variance_shape"].squeeze(1).tolist() == [1.0, 2.0]
+    theta = torch.stack([a.state.theta[:4], b.state.theta[:4]])
+    y = torch.randn(2, 7, 1, dtype=D64)
+    ll = stack.log_likelihood(theta, None, y)
+    lp = stack.log_prior(theta)
+    for k, fam in enumerate((a.family, b.family)):
+        torch.testing.assert_close(ll[k], fam.log_likelihood(theta[k], None, y[k]), rtol=0, atol=0)
+        torch.testing.assert_close(lp[k], fam.log_prior(theta[k]), rtol=1e-15, atol=1e-12)
+
+
+@pytest.mark.parametrize("include_history", [True, False])
+def test_restore_in_another_stack_composition_is_bit_identical(alone, include_history: bool) -> None:
+    """First half in one stack, checkpoint every model, restore, second half in other stacks."""
+    first = ["lr-a", "lr-b", "gmm-a", "ar-a"]
+    engines = [_engine(n) for n in first]
+    for a, b in CHUNKS[:2]:
+        advance_stack(engines, [_chunk(n, a, b) for n in first])
+    blobs = {n: e.to_bytes(include_history=include_history) for n, e in zip(first, engines, strict=True)}
+    del engines
+
+    def restore(n: str) -> ModelEngine:
+        history = None if include_history else [_chunk(n, a, b) for a, b in CHUNKS[:2]]
+        return ModelEngine.from_bytes(blobs[n], history_blocks=history)
+
+    second = [["ar-a", "lr-b"], ["gmm-a"], ["lr-a", "lr-c-fresh"]]
+    for names in second:
+        engines = [restore(n) if n in blobs else _engine("lr-c") for n in names]
+        for a, b in CHUNKS[2:]:
+            chunks = [_chunk(n if n in blobs else "lr-c", a, b) for n in names]
+            advance_stack(engines, chunks)
+        for n, e in zip(names, engines, strict=True):
+            if n in blobs:
+                assert _same(_fingerprint(e), alone[n][1]), n
+
+
+def test_a_failing_model_leaves_its_stack_mates_alone(alone) -> None:
+    """lr-b's third chunk is corrupt (NaN past validation): lr-b reports the error and keeps its state,
+    lr-a goes on (alone in the last round) with exactly its solo bits."""
+    a_eng, b_eng = _engine("lr-a"), _engine("lr-b")
+    for a, b in CHUNKS[:2]:
+        advance_stack([a_eng, b_eng], [_chunk("lr-a", a, b), _chunk("lr-b", a, b)])
+    before = b_eng.state
+    x, y = _chunk("lr-b", *CHUNKS[2])
+    y = y.clone()
+    y[3] = float("nan")
+    res_a, res_b = advance_stack([a_eng, b_eng], [_chunk("lr-a", *CHUNKS[2]), (x, y)], validated=True)
+    assert isinstance(res_a, list) and isinstance(res_b, FloatingPointError)
+    assert b_eng.state is before and b_eng.observations == 130 and before.history.seen == 130
+    advance_stack([a_eng], [_chunk("lr-a", *CHUNKS[3])])
+    assert _same(_fingerprint(a_eng), alone["lr-a"][1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_stack_of_1000_models_runs_on_the_gpu() -> None:
+    """1,000 one-component gmm models with different priors and seeds on one stream, on the GPU."""
+    g = torch.Generator().manual_seed(0)
+    y = 1.5 * torch.randn(100, generator=g, dtype=D64) + 1.0
+    engines = [
+        ModelEngine(
+            "gmm",
+            {"dim": 1, "components": 1, "variance_shape": 1.0 + (k % 7) / 7, "mean_scale": 1.0 + (k % 5)},
+            {**SMALL, "seed": k, "device": "cuda"},
+        )
+        for k in range(1000)
+    ]
+    for a in range(0, 100, 5):
+        results = advance_stack(engines, [(None, y[a : a + 5])] * len(engines))
+        assert all(isinstance(r, list) for r in results)
+    one = ModelEngine("gmm", engines[3].family.params.model_dump(), {**SMALL, "seed": 3, "device": "cuda"})
+    for a in range(0, 100, 5):
+        one.update(None, y[a : a + 5])
+    assert torch.equal(one.state.theta, engines[3].state.theta)
+    assert all(e.state.theta.is_cuda for e in engines[:3])

@@ -1,0 +1,399 @@
+"""Advance many models by one block each with the stacked kernel; the engine's policies around it.
+
+A model is ``(family, settings, generator, state)`` (:class:`workers.engine.ModelEngine` is one).
+:func:`advance_stack` takes any number of them with a chunk each, splits the chunks into blocks,
+and in each round groups the models whose next block can run in one kernel call — same
+:func:`stack_key`, same particle count ``M`` and block length ``B`` — into a
+:class:`workers.sgais.StackBlock`.  Around the kernel, per model and outside it (STYLE.md):
+
+* the warm-up population (``warmup_particles`` until ``warmup_observations``, then
+  :func:`reduce_particles`);
+* the control variates' anchors (re-anchored when the history has grown by ``anchor_growth``);
+* the Fisher step caps after the warm-up;
+* change detection (``reanneal_steps``), ``change_burn_in`` and re-annealing (:func:`reanneal`).
+
+Every random draw of a model comes from its own generator and the kernel's arithmetic is row-wise,
+so a model's trace is the same bits alone or in any stack (``tests/workers/test_stack.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from models.base import Family
+from models.stack import StackedFamily
+from workers import sgais
+from workers.ess import ess
+from workers.fisher import fisher_diagonal
+from workers.gradients import history_gradient
+from workers.history import History, StackBatches
+from workers.resampling import RESAMPLERS, systematic_resample
+from workers.settings import SamplerSettings
+from workers.state import BlockInfo, Model, SGAISState, Slot
+
+#: Sampler settings that may differ between the models of one stack (per-model rows or engine policy).
+PER_MODEL_SETTINGS = frozenset(
+    {
+        "seed",
+        "learning_rate",
+        "momentum_decay",
+        "ess_target",
+        "resample_threshold",
+        "burn_in",
+        "change_burn_in",
+        "reanneal_steps",
+        "reanneal_growth",
+        "reanneal_horizon",
+        "warmup_observations",
+        "anchor_growth",
+        "history_capacity",
+        "fisher_step_growth",
+    }
+)
+
+
+Result = list[BlockInfo] | sgais.NumericalError
+Heartbeat = Callable[[], None] | None
+
+
+def stack_key(model: Model) -> tuple[Any, ...]:
+    """Models with equal keys can share a stack: family shapes, sampler settings that change shapes or
+    control flow, dtype and device (:data:`PER_MODEL_SETTINGS` may differ)."""
+    s = model.settings
+    rest = tuple(sorted((k, v) for k, v in s.model_dump().items() if k not in PER_MODEL_SETTINGS))
+    return (model.family.stack_key(), rest, str(s.torch_dtype), str(s.torch_device))
+
+
+def init_state(generator: torch.Generator, family: Family, settings: SamplerSettings) -> SGAISState:
+    """Prior draws ``θ_i ~ p(θ)``, ``log w_i = 0`` (Alg. 8, lines 1–2), an empty history."""
+    dtype, device = settings.torch_dtype, settings.torch_device
+    st = sgais.init([generator], [family], settings.initial_particles, dtype, device)
+    history = History(capacity=settings.history_capacity, seed=settings.seed, dtype=dtype, device=device)
+    return SGAISState(
+        st.theta[0], st.log_w[0], st.velocity[0], st.anchor[0], st.anchor_grad[0], 0, st.posterior_var[0],
+        history, None, 0,
+    )  # fmt: skip
+
+
+def advance_stack(
+    models: Sequence[Model],
+    chunks: Sequence[tuple[Any, Any]],
+    *,
+    validated: bool = False,
+    heartbeat: Heartbeat = None,
+) -> list[Result]:
+    """Absorb ``chunks[i] = (x, y)`` into ``models[i]``, all models advancing together.
+
+    Each chunk is split into blocks of its model's ``block_size``; round ``r`` absorbs the ``r``-th
+    block of every model that has one, in stacks of compatible models.  The result of model ``i``
+    is its list of :class:`BlockInfo` (identical to what the model gets alone), or the
+    :class:`~workers.sgais.NumericalError` that stopped it (its earlier blocks stay absorbed; the
+    failing block is not).  ``heartbeat`` is called between the blocks of a re-annealing (a long
+    one takes as long as the history took); if it raises, that model's block is not absorbed and
+    the exception propagates.
+
+    Raises
+    ------
+    models.ObservationError
+        A chunk is invalid (unless ``validated``); nothing is absorbed.
+    """
+    data = [(x, y) if validated else m.family.validate(x, y) for m, (x, y) in zip(models, chunks, strict=True)]
+    results: list[Result] = [[] for _ in models]
+    rounds = max((-(-y.shape[0] // m.settings.block_size) for m, (_, y) in zip(models, data, strict=True)), default=0)
+    for r in range(rounds):
+        todo = []
+        for i, (m, (x, y)) in enumerate(zip(models, data, strict=True)):
+            a, b = r * m.settings.block_size, (r + 1) * m.settings.block_size
+            if a < y.shape[0] and isinstance(results[i], list):
+                todo.append((i, x[a:b] if x is not None else None, y[a:b]))
+        infos = _advance_round([models[i] for i, _, _ in todo], [(x, y) for _, x, y in todo], heartbeat)
+        for (i, _, _), info in zip(todo, infos, strict=True):
+            res = results[i]
+            if isinstance(info, BlockInfo) and isinstance(res, list):
+                res.append(info)
+            elif isinstance(info, sgais.NumericalError):
+                results[i] = info
+    return results
+
+
+class _Pending(NamedTuple):
+    slot: int
+    model: Model
+    state: SGAISState  # after the pre-block policies
+    x: torch.Tensor | None
+    y: torch.Tensor
+    context: torch.Tensor | None
+    burn_in: int
+    fisher: bool
+    anchored: bool
+    raw: int = 0  # stream values in the block (rows plus values taken into the context)
+
+
+def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], heartbeat: Heartbeat) -> list[Any]:
+    """One block per model (raw stream values): prepare, group into stacks, run, apply the policies."""
+    out: list[Any] = [None] * len(models)
+    pending: list[_Pending] = []
+    for i, (m, (x, y)) in enumerate(zip(models, blocks, strict=True)):
+        s, st = m.settings, m.state
+        assert st is not None
+        dtype, device = s.torch_dtype, s.torch_device
+        x = x.to(dtype=dtype, device=device) if x is not None else None
+        xr, yr, context = m.family.prepare(x, y.to(dtype=dtype, device=device), st.context)
+        if yr.shape[0] == 0:  # every value went into the conditioning context
+            m.state = st._replace(context=context, blocks=st.blocks + 1)
+            m.observations += y.shape[0]
+            out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, float(ess(st.log_w)), False, False)
+            continue
+        pending.append(_before_block(i, m, st, xr, yr, context)._replace(raw=y.shape[0]))
+    groups: dict[tuple[Any, ...], list[_Pending]] = {}
+    for p in pending:
+        key = (stack_key(p.model), p.state.theta.shape[0], tuple(p.y.shape), p.x is None)
+        groups.setdefault(key, []).append(p)
+    for group in groups.values():
+        for p, info in zip(group, _run_stack(group, heartbeat), strict=True):
+            out[p.slot] = info
+    return out
+
+
+def _before_block(
+    i: int, m: Model, st: SGAISState, x: torch.Tensor | None, y: torch.Tensor, context: torch.Tensor | None
+) -> _Pending:
+    """Warm-up reduction, re-anchoring, the block's burn-in and whether the Fisher caps apply."""
+    s, history = m.settings, st.history
+    n_prev = history.seen
+    if st.theta.shape[0] > s.particles and n_prev >= s.warmup_observations:
+        st = reduce_particles(m.generator, st, s.particles)
+    anchored = s.control_variates and history.size > 0
+    if anchored and (st.n_anchor == 0 or n_prev >= s.anchor_growth * st.n_anchor):
+        # Re-anchor every particle at its current position: one pass over H, amortised O(1)
+        # per observation because it happens each time the history grows by anchor_growth.
+        hx, hy = history.all_rows()
+        one = StackedFamily([m.family], s.torch_dtype, s.torch_device)
+        g = history_gradient(one, st.theta[None], hx[None] if hx is not None else None, hy[None])[0]
+        st = st._replace(anchor=st.theta.clone(), anchor_grad=g * (n_prev / history.size), n_anchor=n_prev)
+    burn_in = s.burn_in
+    n = n_prev + y.shape[0]
+    if s.change_burn_in is not None and st.n_change and n <= s.reanneal_horizon * st.n_change:
+        burn_in = max(burn_in, s.change_burn_in)  # the posterior is still moving after a change
+    fisher = s.preconditioning and s.fisher_step_growth > 1 and n_prev >= s.warmup_observations
+    return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored)
+
+
+def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | sgais.NumericalError]:
+    """Stack the group's states, run :func:`workers.sgais.absorb_block`, apply the after-block policies."""
+    s0 = group[0].model.settings
+    dtype, device = s0.torch_dtype, s0.torch_device
+    models = [p.model for p in group]
+    family = StackedFamily([m.family for m in models], dtype, device)
+    gens = [m.generator for m in models]
+    states = [p.state for p in group]
+    state = sgais.StackState(
+        *(torch.stack([getattr(st, f) for st in states]) for f in sgais.StackState._fields)
+    )  # fmt: skip
+    xs = [p.x for p in group if p.x is not None]
+    x = torch.stack(xs) if xs else None
+    y = torch.stack([p.y for p in group])
+    f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
+    histories = [st.history for st in states]
+    fisher = torch.ones(state.posterior_var.shape, **f64)
+    need = [k for k, p in enumerate(group) if p.fisher]
+    if need:
+        idx = torch.tensor(need, device=device)
+        f = fisher_diagonal([gens[k] for k in need], family.select(idx), state.theta[idx], state.log_w[idx],
+                            x[idx] if x is not None else None, y[idx])  # fmt: skip
+        floor = torch.tensor([1.0 / models[k].settings.fisher_step_growth for k in need], **f64)
+        fisher[idx] = torch.maximum(f, floor[:, None])
+
+    def per_model(field: str) -> torch.Tensor:
+        return torch.tensor([float(getattr(m.settings, field)) for m in models], **f64)
+
+    settings = sgais.KernelSettings(
+        learning_rate=per_model("learning_rate"),
+        momentum_decay=per_model("momentum_decay"),
+        ess_target=per_model("ess_target"),
+        resample_threshold=per_model("resample_threshold"),
+        burn_in=torch.tensor([p.burn_in for p in group], device=device),
+        max_annealing_steps=s0.max_annealing_steps,
+        annealed_schedule=s0.learning_rate_schedule == "annealed",
+        preconditioning=s0.preconditioning,
+        control_variates=s0.control_variates,
+        resampler=RESAMPLERS[s0.resampling],
+    )
+    block = sgais.StackBlock(
+        generators=gens,
+        models=list(range(len(group))),
+        family=family,
+        x=x,
+        y=y,
+        n_prev=torch.tensor([float(h.seen) for h in histories], **f64),
+        batches=StackBatches(histories, s0.batch_size) if any(h.size for h in histories) else None,
+        fisher=fisher,
+        settings=settings,
+    )
+    new, stats = sgais.absorb_block(block, state)
+    # Keep G_i = Σ_{y∈H} ∇ log p(y|a_i) exact as the block joins the history.
+    anchored = torch.tensor([p.anchored for p in group], device=device)
+    if anchored.any():
+        g = family.grad_log_likelihood(new.anchor, x, y)
+        new = new._replace(anchor_grad=torch.where(anchored[:, None, None], new.anchor_grad + g, new.anchor_grad))
+    out: list[BlockInfo | sgais.NumericalError] = []
+    for k, p in enumerate(group):
+        if stats.error[k] is not None:
+            out.append(sgais.NumericalError(stats.error[k]))
+            continue
+        old = p.state
+        st = old._replace(
+            **{f: getattr(new, f)[k] for f in sgais.StackState._fields}, context=p.context, blocks=old.blocks + 1
+        )
+        try:
+            st, reannealed = _after_block(p.model, st, p.x, p.y, steps=stats.annealing_steps[k], heartbeat=heartbeat)
+        except sgais.NumericalError as err:
+            out.append(err)
+            continue
+        p.model.state = st
+        p.model.observations += p.raw
+        out.append(
+            BlockInfo(
+                observations=p.y.shape[0],
+                log_predictive=st.log_evidence - old.log_evidence,
+                log_evidence=st.log_evidence,
+                annealing_steps=stats.annealing_steps[k],
+                ess=float(ess(st.log_w)),
+                resampled=stats.resampled[k],
+                guard_tripped=stats.guard_tripped[k],
+                reannealed=reannealed,
+            )
+        )
+    return out
+
+
+def _after_block(
+    m: Model, st: SGAISState, x: torch.Tensor | None, y: torch.Tensor, *, steps: int, heartbeat: Heartbeat
+) -> tuple[SGAISState, bool]:
+    """Append the block to the history; mark a change and re-anneal when the policy says so.
+
+    A change: a block after the warm-up (early blocks need many steps as the posterior contracts
+    from the prior) that needed ``reanneal_steps`` annealing steps.  Re-anneal then and at each
+    ``reanneal_growth`` of the history while it is within ``reanneal_horizon`` of its size at the change.
+    """
+    s, history = m.settings, st.history
+    n_prev = history.seen
+    history.append(x, y)
+    n = history.seen
+    n_change = st.n_change
+    if s.reanneal_steps is not None and steps >= s.reanneal_steps and n_prev >= max(s.warmup_observations, 1):
+        n_change = n
+    st = st._replace(n_change=n_change)
+    reannealed = (
+        n_change > 0
+        and n <= s.reanneal_horizon * n_change
+        and n >= s.reanneal_growth * st.n_reanneal
+        and history.size == history.seen  # the whole history is held (no reservoir)
+    )
+    if reannealed:
+        try:
+            st = reanneal(m, st, heartbeat=heartbeat)
+        except BaseException:
+            history.truncate(n_prev)  # leave the input state as it was (the block is not absorbed)
+            raise
+    return st, reannealed
+
+
+def reduce_particles(generator: torch.Generator, state: SGAISState, M: int) -> SGAISState:
+    """Resample the warm-up population down to ``M`` particles (end of warm-up).
+
+    ``M`` ancestors are drawn systematically from the weighted particles and every new log-weight
+    is the log of the old mean weight, so ``Ẑ = mean(w)`` is unchanged and stays unbiased (the
+    same argument as resampling, thesis §3.4).
+    """
+    log_w = state.log_w
+    idx = systematic_resample(generator, log_w, M)
+    log_mean = torch.logsumexp(log_w, 0) - math.log(log_w.shape[0])
+    return state._replace(
+        theta=state.theta[idx],
+        velocity=state.velocity[idx],
+        anchor=state.anchor[idx],
+        anchor_grad=state.anchor_grad[idx],
+        log_w=log_mean.expand(M).clone(),
+    )
+
+
+def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGAISState:
+    """Run SGAIS afresh from the prior over the whole history in a random order and merge it
+    with the current population: the remedy for particles left in stale modes after a change point.
+
+    After a change the posterior moves far within one block (many annealing steps) and local SGHMC
+    moves rarely carry particles into modes that only the new data support (thesis §5.1.5: the
+    in-order estimate then drifts below the shuffled one).  A second run over the same ``n`` rows in
+    a random order sees the data as stationary and finds those modes.  Both runs are properly
+    weighted samples of ``p(θ) p(y_{1:n}|θ)``; their union, each population's weights rescaled so
+    that the union's mean weight is ``(Ẑ_A + Ẑ_B) / 2``, is properly weighted too (the average of
+    two unbiased evidence estimates is unbiased; thesis eq. 4.6 for each), and systematic
+    resampling back to ``M`` particles keeps that mean (:func:`merge_populations`).
+
+    The fresh run is a model of its own (a stack of one) drawing from ``m.generator``; ``heartbeat``
+    is called before each of its blocks.  ``state`` must hold its whole history (no reservoir).
+    The anchors are reset at the merged particles with exact history gradients (one more pass).
+
+    Raises NumericalError when the fresh run fails.
+    """
+    history = state.history
+    n = history.seen
+    hx, hy = history.all_rows()
+    order = torch.randperm(n, generator=m.generator, device=m.generator.device).to(hy.device)
+    sx, sy = (hx[order] if hx is not None else None), hy[order]
+    replay = m.settings.model_copy(update={"reanneal_steps": None})
+    fresh = Slot(m.family, replay, m.generator, init_state(m.generator, m.family, replay))
+    assert fresh.state is not None
+    size = replay.block_size
+    for start in range(0, n, size):
+        if heartbeat is not None:
+            heartbeat()
+        p = _before_block(0, fresh, fresh.state, sx[start : start + size] if sx is not None else None,
+                          sy[start : start + size], None)  # fmt: skip
+        (info,) = _run_stack([p], None)
+        if isinstance(info, sgais.NumericalError):
+            raise info
+    theta, velocity, log_w = merge_populations(
+        m.generator,
+        (state.theta, state.velocity, state.log_w),
+        (fresh.state.theta, fresh.state.velocity, fresh.state.log_w),
+    )
+    one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
+    floor = torch.minimum(state.posterior_var, fresh.state.posterior_var) / 4
+    return state._replace(
+        theta=theta,
+        velocity=velocity,
+        log_w=log_w,
+        anchor=theta.clone(),
+        anchor_grad=history_gradient(one, theta[None], hx[None] if hx is not None else None, hy[None])[0],
+        n_anchor=n,
+        posterior_var=sgais.weighted_variance(theta[None], log_w[None], floor=floor[None])[0],
+        n_reanneal=n,
+    )
+
+
+def merge_populations(
+    generator: torch.Generator,
+    a: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge two weighted populations of the same target into ``M_a`` particles.
+
+    ``a = (theta: [M_a, D], velocity: [M_a, D], log_w: [M_a])``, ``b`` likewise with ``M_b``; each
+    ``log_w`` on the evidence scale (``Ẑ = mean(exp(log_w))``, thesis eq. 4.6).  Every weight of
+    ``a`` is multiplied by ``(M_a + M_b) / (2 M_a)`` and every weight of ``b`` by
+    ``(M_a + M_b) / (2 M_b)``, so the union's mean weight is ``(Ẑ_a + Ẑ_b) / 2``; ``M_a`` ancestors
+    are then drawn systematically and every log-weight set to the log of that mean.  Returns
+    ``(theta, velocity, log_w)`` of ``M_a`` particles with uniform log-weights.
+    """
+    (theta_a, vel_a, lw_a), (theta_b, vel_b, lw_b) = a, b
+    M_a, M_b = theta_a.shape[0], theta_b.shape[0]
+    log_w = torch.cat([lw_a + math.log((M_a + M_b) / (2 * M_a)), lw_b + math.log((M_a + M_b) / (2 * M_b))])
+    idx = systematic_resample(generator, log_w, M_a)
+    log_mean = torch.logsumexp(log_w, 0) - math.log(M_a + M_b)
+    return (torch.cat([theta_a, theta_b])[idx], torch.cat([vel_a, vel_b])[idx], log_mean.expand(M_a).clone())

@@ -1,0 +1,88 @@
+"""One model's state between blocks and what a block reports (the records :mod:`workers.stacking` keeps)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import torch
+
+from models.base import Family
+from workers.history import History
+from workers.settings import SamplerSettings
+
+
+class SGAISState(NamedTuple):
+    """Particle state of one model after ``n`` observations.
+
+    theta : [M, D] unconstrained particles.
+    log_w : [M] float64 log-weights (unnormalised; ``log Ẑ_n = logsumexp(log_w) − log M``).
+    velocity : [M, D] SGHMC velocities.
+    anchor : [M, D] control-variate anchors (zeros until the first anchoring).
+    anchor_grad : [M, D] ``Σ_{y∈H} ∇ log p(y|anchor_i)``.
+    n_anchor : history size when the anchors were last set (0 = never).
+    posterior_var : [D] float64 weighted particle variance per coordinate at the last annealing step.
+    history : the observations absorbed so far (append-only).
+    context : [p] last stream values for families with ``context_size`` > 0, else None.
+    blocks : number of blocks absorbed.
+    n_reanneal : history size at the last re-annealing (0 = never; :func:`reanneal`).
+    n_change : history size after the last block that marked a change (``reanneal_steps``; 0 = none).
+    """
+
+    theta: torch.Tensor
+    log_w: torch.Tensor
+    velocity: torch.Tensor
+    anchor: torch.Tensor
+    anchor_grad: torch.Tensor
+    n_anchor: int
+    posterior_var: torch.Tensor
+    history: History
+    context: torch.Tensor | None
+    blocks: int
+    n_reanneal: int = 0
+    n_change: int = 0
+
+    @property
+    def n(self) -> int:
+        """Likelihood rows absorbed (observations, less any conditioned-on context values)."""
+        return self.history.seen
+
+    @property
+    def log_evidence(self) -> float:
+        """``log Ẑ_n`` (nats), thesis eq. 4.6."""
+        return float(torch.logsumexp(self.log_w, 0) - math.log(self.log_w.shape[0]))
+
+
+class BlockInfo(NamedTuple):
+    """Diagnostics of one absorbed block: the trace row, event and metrics, one to one."""
+
+    observations: int  # rows in the block that entered the likelihood
+    log_predictive: float  # log Ẑ_n − log Ẑ_{n_prev} (nats)
+    log_evidence: float  # log Ẑ_n (nats)
+    annealing_steps: int
+    ess: float  # ESS of the full weights after the block, in particles
+    resampled: bool  # resampled at least once in this block
+    guard_tripped: bool  # max_annealing_steps reached; the rest of the block was taken in one increment
+    reannealed: bool = False  # the population was merged with a re-annealing over the history (reanneal)
+
+
+class Model(Protocol):
+    """What :func:`advance_stack` needs of a model (``ModelEngine`` has it)."""
+
+    family: Family
+    settings: SamplerSettings
+    generator: torch.Generator
+    state: SGAISState | None
+    observations: int
+
+
+@dataclass
+class Slot:
+    """A bare model (used for the fresh run of :func:`reanneal`)."""
+
+    family: Family
+    settings: SamplerSettings
+    generator: torch.Generator
+    state: SGAISState | None
+    observations: int = 0
