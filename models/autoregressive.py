@@ -23,9 +23,8 @@ from models.base import (
     require_no_x,
 )
 from models.densities import (
+    LinearGaussianStatistics,
     bmm,
-    gaussian_prior_statistics,
-    linear_gaussian_fisher,
     linear_gaussian_gradient,
     linear_gaussian_statistics,
     normal_log_prob,
@@ -42,7 +41,7 @@ class AutoregressiveParams(HyperParams):
     variance_scale: float = Field(1.0, gt=0, description="scale of the inverse-gamma prior on the noise variance")
 
 
-class Autoregressive(Family):
+class Autoregressive(LinearGaussianStatistics, Family):
     name = "autoregressive"
     Params = AutoregressiveParams
     params: AutoregressiveParams
@@ -135,15 +134,6 @@ class Autoregressive(Family):
     @property
     def quadratic(self) -> bool:  # type: ignore[override]
         return self.known_noise
-
-    def stacked_gradient_statistics(self, x, y, hp):
-        return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)
-
-    def stacked_prior_statistics(self, hp):
-        return gaussian_prior_statistics(hp["prior_std"], self.dim)
-
-    def stacked_fisher(self, theta, weights, x, y, hp):
-        return linear_gaussian_fisher(theta, x, y, hp["noise_std"] ** 2, weights)
 
     def stacked_grad_log_prior(self, theta, hp):
         """``−θ/s²`` on the coefficients and intercept; on ``u = log σ²`` (InvGamma(a, b) with its

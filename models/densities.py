@@ -70,3 +70,20 @@ def gaussian_prior_statistics(std: torch.Tensor, D: int) -> tuple[torch.Tensor, 
     """``(A0, c0)`` of ``∇_θ log N(θ; 0, s² I) = c0 − θ A0``: ``A0 = I/s²: [K, D, D]``, ``c0 = 0: [K, D]``."""
     eye = torch.eye(D, dtype=std.dtype, device=std.device)
     return eye / (std[..., None] ** 2), std.new_zeros(std.shape[0], D)
+
+
+class LinearGaussianStatistics:
+    """Mixin of the families whose log-likelihood is quadratic in the parameters (Gaussian noise of known
+    variance ``hp["noise_std"]²``, Gaussian prior of std ``hp["prior_std"]``): the block statistics, prior
+    statistics and exact Fisher diagonal the stacked kernel's closed-form gradients use."""
+
+    dim: int
+
+    def stacked_gradient_statistics(self, x, y, hp):
+        return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)
+
+    def stacked_prior_statistics(self, hp):
+        return gaussian_prior_statistics(hp["prior_std"], self.dim)
+
+    def stacked_fisher(self, theta, weights, x, y, hp):
+        return linear_gaussian_fisher(theta, x, y, hp["noise_std"] ** 2, weights)

@@ -21,11 +21,9 @@ from models.base import (
     require_x,
 )
 from models.densities import (
+    LinearGaussianStatistics,
     bmm,
-    gaussian_prior_statistics,
-    linear_gaussian_fisher,
     linear_gaussian_gradient,
-    linear_gaussian_statistics,
     normal_log_prob,
 )
 
@@ -36,7 +34,7 @@ class LinearRegressionParams(HyperParams):
     prior_std: float = Field(1.0, gt=0, description="prior standard deviation of w and b")
 
 
-class LinearRegression(Family):
+class LinearRegression(LinearGaussianStatistics, Family):
     name = "linear_regression"
     Params = LinearRegressionParams
     params: LinearRegressionParams
@@ -77,15 +75,6 @@ class LinearRegression(Family):
         return -theta / hp["prior_std"][..., None] ** 2
 
     quadratic = True
-
-    def stacked_gradient_statistics(self, x, y, hp):
-        return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)
-
-    def stacked_prior_statistics(self, hp):
-        return gaussian_prior_statistics(hp["prior_std"], self.dim)
-
-    def stacked_fisher(self, theta, weights, x, y, hp):
-        return linear_gaussian_fisher(theta, x, y, hp["noise_std"] ** 2, weights)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         s = self.params.prior_std

@@ -34,7 +34,6 @@ from workers import screening
 from workers.config import Settings
 from workers.store import reads as store
 from workers.store import records
-from workers.store.errors import NotFound
 from workers.store.keys import Keys
 
 router = APIRouter(prefix="/v1", tags=["chunks"], responses={**ERROR_RESPONSES, **NOT_FOUND})
@@ -123,13 +122,7 @@ def validate_chunk(family: Family, body: ChunkIn, configs: list[dict[str, Any]])
 async def stream_configs(r, keys: Keys, tenant: str, stream: str) -> tuple[dict[str, str], list[dict[str, Any]], int]:
     """The stream's meta hash, its models' configs and how many of them are not in ``error`` (404 when
     the stream does not exist)."""
-    pipe = r.pipeline(transaction=False)
-    pipe.hgetall(keys.meta(tenant, stream))
-    pipe.smembers(keys.stream_models(tenant, stream))
-    meta, names = await pipe.execute()
-    if not meta:
-        raise NotFound("stream", stream)
-    names = sorted(names)
+    meta, names = await store.stream_meta(r, keys, tenant, stream)
     if not names:
         return meta, [], 0
     pipe = r.pipeline(transaction=False)

@@ -107,16 +107,21 @@ async def checkpoint_state(r: aioredis.Redis, keys: Keys, tenant: str, model: st
     return state
 
 
-async def stream_status(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> dict[str, Any]:
-    """The stream's schema, chunk and observation counts, and each model's progress (two round trips:
-    clients poll this).  Raises NotFound."""
+async def stream_meta(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> tuple[dict[str, str], list[str]]:
+    """The stream's meta hash and its models' names, sorted (one round trip).  Raises NotFound."""
     pipe = r.pipeline(transaction=False)
     pipe.hgetall(keys.meta(tenant, stream))
     pipe.smembers(keys.stream_models(tenant, stream))
     meta, names = await pipe.execute()
     if not meta:
         raise NotFound("stream", stream)
-    names = sorted(names)
+    return meta, sorted(names)
+
+
+async def stream_status(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> dict[str, Any]:
+    """The stream's schema, chunk and observation counts, and each model's progress (two round trips:
+    clients poll this).  Raises NotFound."""
+    meta, names = await stream_meta(r, keys, tenant, stream)
     pipe = r.pipeline(transaction=False)
     for m in names:
         pipe.hmget(keys.checkpoint(tenant, m), ["chunks", "observations"])
