@@ -34,7 +34,7 @@ def make_data(n: int, changes: list[int], seed: int) -> tuple[torch.Tensor, torc
     x = torch.randn(n, D, generator=g, dtype=torch.float64)
     y = torch.empty(n, dtype=torch.float64)
     bounds = [0, *changes, n]
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in zip(bounds, bounds[1:], strict=False):
         w = torch.randn(D, generator=g, dtype=torch.float64)
         y[a:b] = x[a:b] @ w + 0.5 + torch.randn(b - a, generator=g, dtype=torch.float64)
     return x, y

@@ -24,7 +24,8 @@ import redis.connection
 import torch
 from fastapi.testclient import TestClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's service/, no longer shadowed by bench/ (bench/service_overhead.py was bench/service.py)
+# the repository's service/, no longer shadowed by bench/ (bench/service_overhead.py was bench/service.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from service.app import create_app  # noqa: E402
 from workers.config import Settings  # noqa: E402

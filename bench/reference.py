@@ -162,15 +162,15 @@ def run_part(part: str, sizes: list[int], args) -> None:
             family, params, x, y, model, truth = problem(name, n)
             if part == "is":
                 fn = (
-                    (lambda: ref_dict(laplace_t_importance(model, seed=0)))
+                    (lambda model=model: ref_dict(laplace_t_importance(model, seed=0)))
                     if name == "logistic"
-                    else (lambda: ref_dict(mixture_mode_importance(model, truth, seed=0)))
+                    else (lambda model=model, truth=truth: ref_dict(mixture_mode_importance(model, truth, seed=0)))
                 )
                 cached(f"is_{name}_{n}", fn)
             elif part == "dynesty" and (name == "gmm" or n <= args.dynesty_logistic_max_n) and n <= args.dynesty_max_n:
                 cached(
                     f"dynesty_{name}_{n}_nlive{args.nlive}",
-                    lambda: ref_dict(
+                    lambda model=model, name=name, n=n: ref_dict(
                         run_dynesty(
                             model.log_likelihood,
                             model.prior_transform,
@@ -184,7 +184,7 @@ def run_part(part: str, sizes: list[int], args) -> None:
             elif part == "sgais":
                 for label, sampler in settings_for(n, args):
 
-                    def go():
+                    def go(family=family, params=params, x=x, y=y, sampler=sampler):
                         return {**sgais_runs(family, params, x, y, args.seeds, sampler), "commit": git_commit()}
 
                     cached(f"sgais_{name}_{n}_{label}_{settings_tag(sampler)}_seeds{args.seeds}", go)

@@ -134,7 +134,7 @@ def wait_ready(base: str) -> None:
 def find(stats: pstats.Stats, suffix: str, name: str) -> tuple[int, float] | None:
     """(calls, cumulative seconds) of the function, summed over matching entries; None if absent."""
     calls, cum, hit = 0, 0.0, False
-    for (file, _, func), (cc, nc, tt, ct, callers) in stats.stats.items():
+    for (file, _, func), (_cc, nc, _tt, ct, _callers) in stats.stats.items():
         if func == name and file.endswith(suffix):
             calls, cum, hit = calls + nc, cum + ct, True
     return (calls, cum) if hit else None
@@ -226,7 +226,8 @@ def main() -> None:
             print(f"  {k:7} {run:7.2f} s / {wait:7.2f} s / {t_all - run - wait:7.2f} s")
         service_cpu = sum(cpu1[k] - cpu0[k] for k in ("worker", "api", "redis"))
         print(
-            f"  bare engine {bare_cpu:7.2f} s  {1000 * bare_cpu / model_chunks:7.3f} ms/model-chunk (same chunks, after)"
+            f"  bare engine {bare_cpu:7.2f} s  {1000 * bare_cpu / model_chunks:7.3f} ms/model-chunk"
+            " (same chunks, after)"
         )
         print(
             f"  CPU ratio worker / bare {(cpu1['worker'] - cpu0['worker']) / bare_cpu:.3f}, "

@@ -58,7 +58,7 @@ def segments(locations: Iterable[int], n: int) -> list[range]:
     """The partition of ``0..n-1`` that starts a new segment at each location."""
     cuts = sorted({c for c in locations if 0 < c < n})
     bounds = [0, *cuts, n]
-    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _jaccard(a: range, b: range) -> float:

@@ -141,9 +141,8 @@ def report(res: dict, block: int) -> None:
     ok1 = all(near[c] for c in changes) and not stray
     print(f"[{'PASS' if ok1 else 'FAIL'}] gmm-3 alerts within one block of {changes}: {near}; elsewhere: {stray}")
     for k in (5, 7):
-        print(
-            f"       (gmm-{k} in order alerts at {sorted({a['observation_index'] for a in res['in_order'][k]['alerts']})})"
-        )
+        at = sorted({a["observation_index"] for a in res["in_order"][k]["alerts"]})
+        print(f"       (gmm-{k} in order alerts at {at})")
     # 2. final model probabilities
     lz = {k: res["in_order"][k]["log_evidence"] for k in (3, 5, 7)}
     m = max(lz.values())

@@ -365,6 +365,34 @@ def _plain_numbers(values: Any) -> torch.Tensor | None:
         return None
 
 
+def _rows_as_matrix(value: Any, field: str, columns: int | None) -> torch.Tensor:
+    """The list-of-rows branch of :func:`as_matrix`: check each row's type and width, return ``[B, columns]``
+    float64 (not yet checked for finiteness).
+
+    Raises ObservationError naming the first bad row.
+    """
+    if not isinstance(value, (list, tuple)):
+        raise ObservationError(field, "expected a list of rows")
+    rows = []
+    for i, row in enumerate(value):
+        if isinstance(row, (int, float)) and not isinstance(row, bool) and columns == 1:
+            row = [row]
+        if not isinstance(row, (list, tuple)):
+            raise ObservationError(field, "expected a list of numbers", row=i)
+        if columns is not None and len(row) != columns:
+            raise ObservationError(field, f"expected {columns} values, got {len(row)}", row=i)
+        for v in row:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ObservationError(field, f"expected a number, got {type(v).__name__}", row=i)
+        rows.append(row)
+    if rows and columns is None:
+        width = len(rows[0])
+        for i, row in enumerate(rows):
+            if len(row) != width:
+                raise ObservationError(field, f"ragged rows: expected {width} values, got {len(row)}", row=i)
+    return torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros(0, columns or 0, dtype=torch.float64)
+
+
 def as_matrix(value: Any, field: str, columns: int | None) -> torch.Tensor:
     """Validate a list of rows (or a tensor) as a finite float64 ``[B, columns]`` tensor.
 
@@ -380,26 +408,7 @@ def as_matrix(value: Any, field: str, columns: int | None) -> torch.Tensor:
         if t.ndim != 2:
             raise ObservationError(field, f"expected a list of rows, got a tensor of shape {list(t.shape)}")
     else:
-        if not isinstance(value, (list, tuple)):
-            raise ObservationError(field, "expected a list of rows")
-        rows = []
-        for i, row in enumerate(value):
-            if isinstance(row, (int, float)) and not isinstance(row, bool) and columns == 1:
-                row = [row]
-            if not isinstance(row, (list, tuple)):
-                raise ObservationError(field, "expected a list of numbers", row=i)
-            if columns is not None and len(row) != columns:
-                raise ObservationError(field, f"expected {columns} values, got {len(row)}", row=i)
-            for v in row:
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ObservationError(field, f"expected a number, got {type(v).__name__}", row=i)
-            rows.append(row)
-        if rows and columns is None:
-            width = len(rows[0])
-            for i, row in enumerate(rows):
-                if len(row) != width:
-                    raise ObservationError(field, f"ragged rows: expected {width} values, got {len(row)}", row=i)
-        t = torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros(0, columns or 0, dtype=torch.float64)
+        t = _rows_as_matrix(value, field, columns)
     if columns is not None and t.shape[1] != columns:
         raise ObservationError(field, f"expected {columns} columns, got {t.shape[1]}")
     bad = ~torch.isfinite(t).all(dim=1)

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
+from pydantic.json_schema import JsonDict
 
 from models import FAMILIES
 
@@ -48,7 +49,7 @@ class ModelCreate(_Request):
     name: Name
     stream: Name | None = Field(None, description="defaults to the model's name")
     family: str = Field(
-        ..., description="registered family (models.FAMILIES)", json_schema_extra={"enum": sorted(FAMILIES)}
+        ..., description="registered family (models.FAMILIES)", json_schema_extra={"enum": [*sorted(FAMILIES)]}
     )
     params: dict[str, Any] = Field(default_factory=dict, description="the family's hyperparameters")
     sampler: dict[str, Any] = Field(default_factory=dict, description="SGAIS settings overrides")
@@ -79,7 +80,7 @@ def _whole_number(v: Any) -> Any:
     return v
 
 
-_NUMBERS = {"type": "array", "items": {"type": "number"}}
+_NUMBERS: JsonDict = {"type": "array", "items": {"type": "number"}}
 
 
 class ChunkIn(_Request):

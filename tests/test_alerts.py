@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from workers import alerts
 
@@ -102,7 +103,7 @@ def test_state_json_round_trip_gives_same_alerts():
     )
     _, straight = run(rows)
     state, found = alerts.initial_state(), []
-    for i, row in enumerate(rows):
+    for row in rows:
         state = json.loads(json.dumps(state))  # a checkpoint after every block
         state, new = alerts.detect(state, alerts.AlertSettings(), row)
         found += new
@@ -134,7 +135,7 @@ def test_disabled_and_empty_blocks():
 
 
 def test_settings_reject_unknown_keys():
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         alerts.AlertSettings(threshold=3)
 
 

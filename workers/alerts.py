@@ -83,7 +83,7 @@ def _baseline(values: list[float], rows: list[int], floor: float) -> tuple[float
     ``√n``-scaled deviations from the median, floored at ``floor``.
     """
     med = statistics.median(values)
-    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows))
+    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True))
     return med, max(_MAD_TO_SD * mad, floor)
 
 
@@ -188,5 +188,7 @@ def model_switch(previous_leader: str | None, posterior: list[dict[str, Any]]) -
         "kind": "model_switch",
         "model": leader["model"],
         "score": leader["probability"],
-        "message": f"most probable model is now {leader['model']} (p={leader['probability']:.3g}), was {previous_leader}",
+        "message": (
+            f"most probable model is now {leader['model']} (p={leader['probability']:.3g}), was {previous_leader}"
+        ),
     }

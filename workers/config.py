@@ -41,7 +41,9 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(
         0.1,
         gt=0,
-        description="worker: longest wait for new chunks before rescanning models (also how soon a new model is leased)",
+        description=(
+            "worker: longest wait for new chunks before rescanning models (also how soon a new model is leased)"
+        ),
     )
     read_batch: int = Field(64, ge=1, description="worker: stream entries read per XRANGE")
     device: Literal["cpu", "cuda", "auto"] = Field(

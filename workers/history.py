@@ -70,21 +70,26 @@ class History:
         x = x.to(self.dtype, copy=False) if x is not None else None
         y = y.to(self.dtype, copy=False)
         self._ensure(x, y, B)
+        buf_x, buf_y = self.x, self.y
+        assert buf_y is not None  # allocated by _ensure
         take = B if self.capacity is None else max(0, min(B, self.capacity - self.size))
         if take:
-            self.y[self.size : self.size + take] = y[:take]
-            if self.x is not None:
-                self.x[self.size : self.size + take] = x[:take]
+            buf_y[self.size : self.size + take] = y[:take]
+            if buf_x is not None:
+                assert x is not None  # a history with covariates gets blocks with covariates
+                buf_x[self.size : self.size + take] = x[:take]
             self.size += take
             self.seen += take
         # Algorithm R for the rest: row with global index t replaces slot j ~ U{0..t} if j < capacity.
         for i in range(take, B):
+            assert self.capacity is not None  # take < B only for a bounded reservoir
             j = int(torch.randint(0, self.seen + 1, (), generator=self.generator, device=self.device))
             self.seen += 1
             if j < self.capacity:
-                self.y[j] = y[i]
-                if self.x is not None:
-                    self.x[j] = x[i]
+                buf_y[j] = y[i]
+                if buf_x is not None:
+                    assert x is not None
+                    buf_x[j] = x[i]
 
     def truncate(self, seen: int) -> None:
         """Forget the rows appended after the first ``seen`` (undo of :meth:`append`).
@@ -96,7 +101,12 @@ class History:
         self.size = self.seen = seen
 
     def rows(self, index: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Rows at ``index: [B]`` (int64, each in ``[0, size)``)."""
+        """Rows at ``index: [B]`` (int64, each in ``[0, size)``).
+
+        Raises ValueError for an empty history.
+        """
+        if self.y is None:
+            raise ValueError("history is empty")
         return (self.x[index] if self.x is not None else None), self.y[index]
 
     def all_rows(self) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -127,9 +137,12 @@ class History:
             self.y = None
             self.size = 0
             self._ensure(x, y, y.shape[0])
-            self.y[: y.shape[0]] = y
+            buf_x, buf_y = self.x, self.y
+            assert buf_y is not None  # allocated by _ensure
+            buf_y[: y.shape[0]] = y
             if x is not None:
-                self.x[: x.shape[0]] = x.to(self.device)
+                assert buf_x is not None  # allocated by _ensure for a history with covariates
+                buf_x[: x.shape[0]] = x.to(self.device)
             self.size = y.shape[0]
 
 

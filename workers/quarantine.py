@@ -46,7 +46,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -236,7 +236,7 @@ class Attempts:
 
     def record(self, tenant: str, model: str) -> dict[str, str]:
         """The raw record (tests, diagnostics)."""
-        raw: dict[bytes, bytes] = self.r.hgetall(attempts_key(self.keys, tenant, model))  # type: ignore[assignment]
+        raw: dict[bytes, bytes] = self.r.hgetall(attempts_key(self.keys, tenant, model))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
 
@@ -256,7 +256,7 @@ def set_status(
             fields = {"status": status, "error": message}
             if fresh:
                 fields.update(chunks="0", observations="0", log_evidence="0.0", cursor="0-0")
-            pipe.hset(ckpt, mapping=fields)  # type: ignore[arg-type]  # (redis-py: Mapping keys are invariant)
+            pipe.hset(ckpt, mapping=fields)
             if stream is not None:
                 event = {"type": "error", "model": model, "stream": stream, "status": status, "error": message}
                 pipe.publish(keys.events(tenant, stream), json.dumps(event))
@@ -278,7 +278,12 @@ class QuarantineHooks:
     keys: Keys
     s: Any
     id: str
-    held: dict[str, Any]
+
+    if TYPE_CHECKING:  # the worker's read-only property (a view of its leases)
+
+        @property
+        def held(self) -> dict[str, Any]: ...
+
     _attempts: Attempts | None = None
 
     @property

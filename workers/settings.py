@@ -55,7 +55,10 @@ class SamplerSettings(BaseModel):
         0.9,
         gt=0,
         lt=1,
-        description="target conditional ESS per annealing step, a fraction of particles (thesis: 0.5; 0.9 measured better on logistic regression, bench/README.md)",
+        description=(
+            "target conditional ESS per annealing step, a fraction of particles "
+            "(thesis: 0.5; 0.9 measured better on logistic regression, bench/README.md)"
+        ),
     )
     resample_threshold: float = Field(
         0.5, ge=0, le=1, description="resample when ESS < this fraction of particles (0 = never)"

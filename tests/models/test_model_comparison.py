@@ -47,7 +47,7 @@ def test_true_model_probability_goes_to_one(seed):
     ns = [200, 2000]
     full = _log_evidence_at(3, x, y, ns, seed)
     reduced = _log_evidence_at(2, x, y, ns, seed)
-    delta = [f - r for f, r in zip(full, reduced)]
+    delta = [f - r for f, r in zip(full, reduced, strict=True)]
     p = [1.0 / (1.0 + math.exp(-d)) for d in delta]  # P(3-feature model | data), equal prior odds
     exact = [
         linear_regression_log_evidence(x[:n].numpy(), y[:n].numpy())
@@ -56,7 +56,7 @@ def test_true_model_probability_goes_to_one(seed):
     ]
     print(f"seed {seed}: SGAIS log BF {delta}, exact {exact}, p {p}")
     # SGAIS log Bayes factors track the exact ones (two estimates, each within ~3 nats; see test_evidence.py)
-    for d, e in zip(delta, exact):
+    for d, e in zip(delta, exact, strict=True):
         assert abs(d - e) < 5.0, (delta, exact)
     assert p[1] > 0.99, (p, delta)
     assert delta[1] > delta[0] + 20.0, (delta, exact)

@@ -108,7 +108,10 @@ class Keys:
         return f"{self.prefix}:{tenant}:alerts"
 
     def alerts_by_stream(self, tenant: str) -> str:
-        """Alert counts of the tenant by ``stream/kind`` (written by the commit scripts as ``alerts + ':by_stream'``)."""
+        """Alert counts of the tenant by ``stream/kind``.
+
+        Written by the commit scripts as ``alerts + ':by_stream'``.
+        """
         return f"{self.prefix}:{tenant}:alerts:by_stream"
 
     def lease(self, tenant: str, model: str) -> str:
