@@ -24,7 +24,11 @@ from workers.config import Settings
 
 RETRY_AFTER_SECONDS = 1
 #: Error responses of the routers whose modules do not list them (added by ``include_router``).
-OPENAPI_ERRORS = {"evidence": {**ERROR_RESPONSES, **NOT_FOUND}, "alerts": ERROR_RESPONSES}
+OPENAPI_ERRORS = {
+    "evidence": {**ERROR_RESPONSES, **NOT_FOUND},
+    "predictive": {**ERROR_RESPONSES, **NOT_FOUND},
+    "alerts": ERROR_RESPONSES,
+}
 
 
 def api_redis(settings: Settings) -> aioredis.Redis:

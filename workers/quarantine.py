@@ -104,8 +104,8 @@ class Exhausted(Exception):
 def attempts_key(keys: Keys, tenant: str, model: str) -> str:
     """``P:T:attempts:{m}``: hash ``cursor, model, attempts, reason`` (of the attempt in progress, set when
     it fails), ``last`` (the previous failure), ``worker, started_at, what, parked_until, overruns``
-    (the lead may move this into ``workers.store.keys.Keys``)."""
-    return f"{keys.prefix}:{tenant}:attempts:{model}"
+    (:meth:`workers.store.keys.Keys.attempts`; removed with the model or its stream)."""
+    return keys.attempts(tenant, model)
 
 
 def fingerprint(raw_config: bytes) -> str:

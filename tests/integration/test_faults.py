@@ -248,7 +248,10 @@ def test_delete_stream_while_the_worker_holds_its_models(stack):
     """A worker holding a deleted stream's models drops them without error and goes on with the others."""
     body = {"name": "busy", "stream": "ds", **SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "block_size": 10}}
     assert stack.request("POST", "/v1/models", headers=B, json=body).status_code == 201
-    rows = {"x": [[0.1 * i, 1.0] for i in range(200)], "y": [0.5 * i for i in range(200)]}
+    # data inside the default prior's scale (w0 = 2 on x0 in [0, 2]): the model must run, not fail. (The first
+    # version, w0 = 5 on x0 up to 20, diverges in the engine v2 SGHMC with blocks of 10: issue 10's prior-data
+    # conflict, not what this test is about.)
+    rows = {"x": [[0.01 * i, 1.0] for i in range(200)], "y": [0.02 * i for i in range(200)]}
     for _ in range(3):
         assert stack.request("POST", "/v1/streams/ds/chunks", headers=B, json=rows).status_code == 202
     wait_until(

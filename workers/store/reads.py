@@ -243,7 +243,11 @@ async def delete_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
     pipe = r.pipeline(transaction=True)
     pipe.srem(keys.models, model_ref(tenant, name))
     pipe.delete(
-        keys.model(tenant, name), keys.checkpoint(tenant, name), keys.trace(tenant, name), keys.lease(tenant, name)
+        keys.model(tenant, name),
+        keys.checkpoint(tenant, name),
+        keys.trace(tenant, name),
+        keys.lease(tenant, name),
+        keys.attempts(tenant, name),
     )
     pipe.srem(keys.tenant_models(tenant), name)
     pipe.srem(keys.stream_models(tenant, cfg["stream"]), name)

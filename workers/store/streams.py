@@ -11,7 +11,7 @@ from typing import Any
 from workers.store.keys import Keys
 
 # KEYS: stream models, meta, log, seqs, leader, tenant alerts, P:models, tenant models.
-# ARGV: prefixes of model configs, checkpoints, traces, leases; tenant; stream.
+# ARGV: prefixes of model configs, checkpoints, traces, leases; tenant; stream; prefix of attempt records.
 # Returns -1 when the stream does not exist, else the number of models removed.
 # Deleting a model's lease fences the worker holding it: its next renewal or commit finds another
 # token (none) and it drops the model (LeaseLost), as for DELETE /v1/models/{model}.
@@ -19,7 +19,7 @@ DELETE_STREAM_LUA = """
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local names = redis.call('SMEMBERS', KEYS[1])
 for _, m in ipairs(names) do
-  redis.call('UNLINK', ARGV[1] .. m, ARGV[2] .. m, ARGV[3] .. m, ARGV[4] .. m)
+  redis.call('UNLINK', ARGV[1] .. m, ARGV[2] .. m, ARGV[3] .. m, ARGV[4] .. m, ARGV[7] .. m)
   redis.call('SREM', KEYS[8], m)
   redis.call('SREM', KEYS[7], ARGV[5] .. '/' .. m)
 end
@@ -82,6 +82,7 @@ async def delete_stream(r: Any, keys: Keys, tenant: str, stream: str) -> int | N
         keys.lease(tenant, ""),
         tenant,
         stream,
+        keys.attempts(tenant, ""),
     )
     return None if int(n) < 0 else int(n)
 
