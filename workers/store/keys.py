@@ -20,7 +20,7 @@ key                                    type        contents
 ``P:T:trace:{m}``                      zset        trace rows (JSON) scored by ``first_index``
 ``P:T:alerts``                         zset        alert JSON scored by creation time (ms)
 ``P:T:alerts:by_stream``               hash        ``stream/kind`` -> count (``sgais_alerts_total{stream, kind}``)
-``P:T:attempts:{m}``                   hash        quarantine: the attempt in progress and failures (workers/quarantine.py)
+``P:T:attempts:{m}``                   hash        quarantine: the attempt in progress, failures (workers/quarantine.py)
 ``P:T:lease:{m}``                      string      lease token of the worker holding the model (PX TTL)
 ``P:T:events:{s}``                     channel     live events of a stream
 ``P:workers``                          zset        worker id -> last heartbeat (unix seconds)
