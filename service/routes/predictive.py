@@ -16,7 +16,7 @@ from safetensors.torch import load as st_load
 from models import make_family
 from models.predictive import PredictiveError, predictive
 from service.deps import KeysDep, RedisDep, TenantDep
-from service.schemas import Name
+from service.schemas import BODY_RESPONSES, Name
 from workers.store import reads as store
 
 router = APIRouter(prefix="/v1", tags=["evidence"])
@@ -114,7 +114,11 @@ async def get_predictive(
 @router.post(
     "/models/{model}/predictive",
     response_model=Predictive,
-    responses={409: {"description": "not yet initialised by a worker"}, 422: {"description": "bad x or horizon"}},
+    responses={
+        **BODY_RESPONSES,
+        409: {"description": "not yet initialised by a worker"},
+        422: {"description": "bad x or horizon"},
+    },
 )
 async def post_predictive(
     model: Name, body: PredictiveIn, r: RedisDep, keys: KeysDep, tenant: TenantDep
