@@ -270,10 +270,7 @@ async def post_stream_chunk(
     response: Response,
 ) -> dict[str, Any]:
     """Append a chunk to a stream (202); an identical replay of an accepted ``seq`` is 200 with duplicate=true."""
-    ack = await accept_chunk_text(r, keys, settings, tenant, stream, text)
-    if ack["duplicate"]:
-        response.status_code = status.HTTP_200_OK
-    return ack
+    return _acked(response, await accept_chunk_text(r, keys, settings, tenant, stream, text))
 
 
 @router.post(
@@ -294,7 +291,11 @@ async def post_model_chunk(
 ) -> dict[str, Any]:
     """Append a chunk to the model's stream."""
     cfg = await store.get_model(r, keys, tenant, model)
-    ack = await accept_chunk_text(r, keys, settings, tenant, cfg["stream"], text)
+    return _acked(response, await accept_chunk_text(r, keys, settings, tenant, cfg["stream"], text))
+
+
+def _acked(response: Response, ack: dict[str, Any]) -> dict[str, Any]:
+    """The ack body; 200 instead of 202 for an identical replay of an accepted ``seq``."""
     if ack["duplicate"]:
         response.status_code = status.HTTP_200_OK
     return ack

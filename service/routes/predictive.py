@@ -90,13 +90,16 @@ async def _answer(model: str, r, keys, tenant: str, *, x: Any, horizon: int, whe
     return {"model": model, "stream": cfg["stream"], **body}
 
 
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    409: {"description": "not yet initialised by a worker"},
+    422: {"description": "bad x or horizon (x needed for regression families; too little context for AR)"},
+}
+
+
 @router.get(
     "/models/{model}/predictive",
     response_model=Predictive,
-    responses={
-        409: {"description": "not yet initialised by a worker"},
-        422: {"description": "x needed, or no context"},
-    },
+    responses=_RESPONSES,
 )
 async def get_predictive(
     model: Name,
@@ -114,11 +117,7 @@ async def get_predictive(
 @router.post(
     "/models/{model}/predictive",
     response_model=Predictive,
-    responses={
-        **BODY_RESPONSES,
-        409: {"description": "not yet initialised by a worker"},
-        422: {"description": "bad x or horizon"},
-    },
+    responses={**BODY_RESPONSES, **_RESPONSES},
 )
 async def post_predictive(
     model: Name, body: PredictiveIn, r: RedisDep, keys: KeysDep, tenant: TenantDep
