@@ -55,13 +55,14 @@ def make_chunks(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def bare(chunks: list[dict], n_models: int) -> float:
-    """Seconds for ``n_models`` engines to absorb ``chunks`` (validation from JSON lists included)."""
-    engines = [ModelEngine(**model(i)) for i in range(n_models)]
+def bare(chunks: list[dict], n_models: int, model_fn=None) -> float:
+    """Seconds for ``n_models`` engines (``model_fn(i)``, default :func:`model`) to absorb ``chunks`` (validation
+    from JSON lists included)."""
+    engines = [ModelEngine(**(model_fn or model)(i)) for i in range(n_models)]
     t0 = time.perf_counter()
     for c in chunks:
         for eng in engines:
-            eng.update(c["x"], c["y"])
+            eng.update(c.get("x"), c["y"])
     return time.perf_counter() - t0
 
 
@@ -121,7 +122,13 @@ def _watch_events(
 
 
 def service_run(
-    base: str, stream: str, chunks: list[dict], n_models: int, in_flight: int = 4, wait: str = "events"
+    base: str,
+    stream: str,
+    chunks: list[dict],
+    n_models: int,
+    in_flight: int = 4,
+    wait: str = "events",
+    model_fn=None,
 ) -> tuple[float, float]:
     """Seconds from the first POST until every model of the stream has processed every chunk, and
     seconds spent posting.  ``in_flight`` concurrent POSTs (no ``seq``: arrival order is the stream
@@ -132,7 +139,7 @@ def service_run(
     about 1.6 ms of CPU per call on this machine)."""
     with httpx.Client(base_url=base, timeout=60) as client:
         for i in range(n_models):
-            res = client.post("/v1/models", json={"name": f"{stream}-m{i}", "stream": stream, **model(i)})
+            res = client.post("/v1/models", json={"name": f"{stream}-m{i}", "stream": stream, **(model_fn or model)(i)})
             res.raise_for_status()
     bodies = [json.dumps(c).encode() for c in chunks]
     ready, done = threading.Event(), threading.Event()

@@ -35,6 +35,7 @@ import torch
 
 from workers import changepoint as cp
 from workers.engine import ModelEngine
+from workers.stacking import advance_stack
 
 FORMAT = 1
 
@@ -161,10 +162,13 @@ class SegmentedEngine:
         last = first + n - 1
         lz = self.main.log_evidence
         before = {c.start: c.engine.log_evidence for c in self.challengers}
+        # every challenger absorbs the block in one stacked update (same family and block; each model's bits
+        # are those it gets alone, workers.stacking.advance_stack)
+        engines = [c.engine for c in self.challengers]
+        for result in advance_stack(engines, [(xb, yb)] * len(engines), validated=True, heartbeat=heartbeat):
+            if isinstance(result, Exception):
+                raise result
         for c in self.challengers:
-            if heartbeat is not None:  # the worker renews its leases between engines (a block each)
-                heartbeat()
-            c.engine.update(xb, yb, validated=True, heartbeat=heartbeat)
             c.absorbed += n
         rows = info.observations
         value = info.log_predictive / rows if rows > 0 else math.nan
