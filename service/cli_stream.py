@@ -6,7 +6,7 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import typer
@@ -32,21 +32,37 @@ EXPORT_COLUMNS = [
 ]
 
 
-def stream_results(c: SgaisClient, stream: str) -> tuple[dict[str, list[dict]], dict[str, float], list[dict]]:
-    """Every model's full trace, the models' prior weights and the stream's alerts."""
+class StreamResults(NamedTuple):
+    """What ``export`` and ``plot`` draw from: every model's full trace, the models' prior weights, the
+    stream's alerts and its posterior (``conditioned_on``: the models are compared on the observations
+    after it, API.md "Model comparison")."""
+
+    traces: dict[str, list[dict]]
+    priors: dict[str, float]
+    alerts: list[dict]
+    posterior: dict[str, Any]
+
+    @property
+    def conditioned_on(self) -> int:
+        return int(self.posterior.get("conditioned_on") or 0)
+
+
+def stream_results(c: SgaisClient, stream: str) -> StreamResults:
     st = c.stream(stream)
     names = [m["name"] for m in st["models"]]
     traces = {m: c.full_trace(m) for m in names}
     priors = {m: c.get_model(m).get("prior_probability", 1.0) for m in names}
-    return traces, priors, c.alerts(stream=stream)
+    return StreamResults(traces, priors, c.alerts(stream=stream), c.stream_posterior(stream))
 
 
-def export_rows(traces: dict[str, list[dict]], priors: dict[str, float], alerts: list[dict]) -> list[dict[str, Any]]:
+def export_rows(res: StreamResults) -> list[dict[str, Any]]:
     """``evidence`` rows (one per processed block of each model; ``probability`` at the counts every model
-    has reached, :func:`service.plots.probabilities_over_time`) then ``alert`` rows."""
+    has reached, on the observations after the stream's ``conditioned_on``,
+    :func:`service.plots.probabilities_over_time`) then ``alert`` rows."""
     from service.plots import probabilities_over_time
 
-    counts, probs = probabilities_over_time(traces, priors)
+    traces, alerts = res.traces, res.alerts
+    counts, probs = probabilities_over_time(traces, res.priors, res.conditioned_on)
     at = {m: dict(zip(counts.tolist(), p.tolist(), strict=True)) for m, p in probs.items()}
     rows: list[dict[str, Any]] = []
     for m, trace in traces.items():
@@ -81,7 +97,7 @@ def export(
     block's log-predictive, the model's probability where every model has reached that count), then one
     ``alert`` row per alert; the column ``record`` says which."""
     with _client(url, api_key) as c, handled(url):
-        rows = export_rows(*stream_results(c, stream))
+        rows = export_rows(stream_results(c, stream))
     fh = out.open("w", newline="") if out else sys.stdout
     try:
         writer = csv.DictWriter(fh, fieldnames=EXPORT_COLUMNS, extrasaction="ignore")
@@ -121,11 +137,19 @@ def plot(
         if values.ndim > 1:
             raise typer.BadParameter("plot draws one observation column: give --y-col")
     with _client(url, api_key) as c, handled(url):
-        traces, priors, alerts = stream_results(c, stream)
-        post = c.stream_posterior(stream)
-    leader = max(post["models"], key=lambda m: m.get("probability") or 0.0, default=None)
-    title = f"{stream}: {len(alerts)} alerts" + (f"; most probable {leader['model']}" if leader else "")
-    series_figure(out, title=title, values=values, annotations={}, traces=traces, alerts=alerts, priors=priors)
+        res = stream_results(c, stream)
+    leader = max(res.posterior["models"], key=lambda m: m.get("probability") or 0.0, default=None)
+    title = f"{stream}: {len(res.alerts)} alerts" + (f"; most probable {leader['model']}" if leader else "")
+    series_figure(
+        out,
+        title=title,
+        values=values,
+        annotations={},
+        traces=res.traces,
+        alerts=res.alerts,
+        priors=res.priors,
+        conditioned_on=res.conditioned_on,
+    )
     console.print(f"wrote {out}", highlight=False)
 
 

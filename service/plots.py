@@ -12,7 +12,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-KIND_STYLE = {"evidence_drop": ("red", "-"), "annealing_spike": ("darkorange", ":"), "model_switch": ("purple", "-.")}
+KIND_STYLE = {
+    "change_point": ("crimson", "-"),
+    "evidence_drop": ("red", "--"),
+    "annealing_spike": ("darkorange", ":"),
+    "model_switch": ("purple", "-."),
+}
 
 
 def aligned_log_evidence(
@@ -46,7 +51,14 @@ def probabilities_over_time(
 
     Returns (counts [K], model -> probabilities [K]); ``p ∝ prior · exp(log Z)``.
     """
-    counts, aligned = aligned_log_evidence(traces, conditioned_on)
+    return probabilities(*aligned_log_evidence(traces, conditioned_on), priors)
+
+
+def probabilities(
+    counts: list[int], aligned: dict[str, list[float]], priors: dict[str, float]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Model probabilities from aligned log-evidences (:func:`aligned_log_evidence`'s output): (counts [K],
+    model -> probabilities [K]), ``p ∝ prior · exp(log Z)``."""
     if not counts:
         return np.array([]), {}
     models = list(aligned)
@@ -90,8 +102,8 @@ def series_figure(
     ax = axes[1]
     rows = {m: r for m, r in traces.items() if r}
     if rows:
-        counts, probs = probabilities_over_time(rows, priors, conditioned_on)
-        _, aligned = aligned_log_evidence(rows, conditioned_on)
+        shared, aligned = aligned_log_evidence(rows, conditioned_on)
+        counts, probs = probabilities(shared, aligned, priors)
         if len(counts):
             mean = np.mean([aligned[m] for m in aligned], 0)
             for m in aligned:

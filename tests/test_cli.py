@@ -365,3 +365,26 @@ def test_predict_command(url):
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and "x" in r.output, r.output
     r = invoke("predict", "pr-lin", "--x", "[[0.0, 0.0], [1.0, 1.0]]", "--url", url)
     assert r.exit_code == 0 and "step 2: mean" in r.output, r.output
+
+
+def test_export_scores_models_on_the_stream_posteriors_observations(url):
+    """``export`` (and ``plot``) compare the models on the observations after the stream's ``conditioned_on``, as
+    the stream posterior does: an AR(2) model beside an i.i.d. one, the export's probabilities at the last common
+    count equal the stream posterior's."""
+    from service.cli_stream import export_rows, stream_results
+
+    sampler = {"particles": 10, "burn_in": 5, "block_size": 10}
+    with SgaisClient(url) as c:
+        c.create_model("exc-ar", family="autoregressive", params={"order": 2}, stream="exc", sampler=sampler)
+        c.create_model("exc-g", family="gmm", params={"dim": 1, "components": 1}, stream="exc", sampler=sampler)
+        ys = [3.0, -2.5] + [0.1 * ((7 * i) % 11 - 5) for i in range(28)]  # extreme first values (issue 10)
+        c.post_chunk("exc", y=ys)
+        c.wait_until_processed("exc", timeout=120)
+        res = stream_results(c, "exc")
+        post = c.stream_posterior("exc")
+    assert res.conditioned_on == post["conditioned_on"] == 2
+    rows = export_rows(res)
+    n = post["observations"]
+    exported = {r["model"]: r["probability"] for r in rows if r["record"] == "evidence" and r["observations"] == n}
+    for m in post["models"]:
+        assert exported[m["model"]] == pytest.approx(m["probability"], rel=1e-9, abs=1e-12)
