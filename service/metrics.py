@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from workers import comparison
 from workers.store import reads as store
 from workers.store import records
 from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, parse_counter_field
@@ -108,7 +109,8 @@ ALERT_KINDS = (
 # 100 µs of Python per pipelined command; bench/metrics_scrape.py).  Key names come from templates built
 # by Keys (the placeholders are replaced by plain string functions, never as Lua patterns).
 # ARGV: model key template, checkpoint key template.  Returns per model: tenant, model, stream, prior,
-# observations, log_evidence, chunks, annealing steps and ESS of the last block, status ('' = absent).
+# observations, log_evidence, chunks, annealing steps and ESS of the last block, status ('' = absent), family,
+# change probability of the last block, params (JSON).
 _MODELS_LUA = """
 local function key(tpl, t, m)
   local a, b = string.find(tpl, '\\1T', 1, true)
@@ -134,7 +136,7 @@ for _, ref in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     out[n + 1], out[n + 2], out[n + 3], out[n + 4] = t, m, c['stream'], tostring(c['prior_probability'] or 1)
     out[n + 5], out[n + 6], out[n + 7] = ck[1] or '', ck[2] or '', ck[3] or ''
     out[n + 8], out[n + 9], out[n + 10], out[n + 11] = steps, ess, ck[5] or '', c['family'] or ''
-    out[n + 12] = change
+    out[n + 12], out[n + 13] = change, cjson.encode(c['params'] or {})
   end
 end
 return out
@@ -212,10 +214,11 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float,
     beats = got[1 + len(tenants) :]
     # model probabilities on the stream's aligned observations (API.md "Model comparison"): streams of i.i.d.
     # models are conditioned on nothing (batched above); a stream with a model that conditions on its first
-    # values (autoregressive) is read like GET /v1/streams/{stream}/posterior, a few round trips each
+    # values (workers.comparison.model_context > 0, e.g. autoregressive) is read like
+    # GET /v1/streams/{stream}/posterior, a few round trips each
     posts: dict[tuple[str, str], dict[str, Any]] = {}
     for key in streams if labelled else []:
-        if any(e["family"] == "autoregressive" for e in streams[key]):
+        if any(e["context"] > 0 for e in streams[key]):
             posts[key] = await store.stream_posterior(r, keys, *key)
         else:
             posts[key] = records.stream_posterior(key[1], counts[key], 0, entries[key])
@@ -245,8 +248,8 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
     models by ``(tenant, stream)``, in name order."""
     models: list[dict[str, Any]] = []
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    rows = sorted(tuple(flat[i : i + 12]) for i in range(0, len(flat), 12))
-    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family, change in rows:
+    rows = sorted(tuple(flat[i : i + 13]) for i in range(0, len(flat), 13))
+    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family, change, params in rows:
         entry = {
             "tenant": tenant,
             "stream": stream,
@@ -258,12 +261,21 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
             "steps": float(steps) if steps else None,
             "ess": float(ess) if ess else None,
             "status": "pending" if not chunks else (st or "ok"),
-            "family": family,
+            "context": _context(family, params),
             "change": float(change) if change else None,
         }
         models.append(entry)
         streams.setdefault((tenant, stream), []).append(entry)
     return models, streams
+
+
+def _context(family: str, params_json: str) -> int:
+    """The model's context (:func:`workers.comparison.model_context`); 0 for a config that does not build (the
+    API accepted it, so only an unknown family left by an older version)."""
+    try:
+        return comparison.family_context(family, params_json)
+    except Exception:
+        return 0
 
 
 def _family(name: str, doc: str, kind: str, samples: list[tuple[str, float]]) -> str:

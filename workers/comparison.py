@@ -40,7 +40,10 @@ SWITCH_Z = 2.0
 
 
 @lru_cache(maxsize=4096)
-def _context(family: str, params_json: str) -> int:
+def family_context(family: str, params_json: str) -> int:
+    """:func:`model_context` of a family and its params as a JSON string (cached by that string).
+
+    Raises what :func:`models.make_family` raises for an unknown family or invalid params."""
     import json
 
     from models import make_family
@@ -56,7 +59,7 @@ def model_context(cfg: dict[str, Any]) -> int:
     import json
 
     try:
-        return _context(cfg["family"], json.dumps(cfg.get("params") or {}, sort_keys=True))
+        return family_context(cfg["family"], json.dumps(cfg.get("params") or {}, sort_keys=True))
     except Exception:  # a config the API accepted always builds; never fail a comparison on it
         return 0
 

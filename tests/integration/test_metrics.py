@@ -123,3 +123,23 @@ def test_keys_configured_without_a_metrics_key_never_label(settings):
         c.post("/v1/models", json={"name": "secret", **SMALL_MODEL}, headers={"Authorization": "Bearer ka"})
         assert "secret" not in c.get("/metrics").text
         assert c.get("/metrics", headers={"Authorization": "Bearer "}).status_code == 401
+
+
+def test_model_probability_gauge_is_the_stream_posteriors_on_aligned_observations(client):
+    """``sgais_model_probability`` scores the models as ``GET /v1/streams/{stream}/posterior`` does, on the
+    observations after the stream's largest context (an AR(2) beside a gmm, extreme first values: scored on
+    all observations, the gmm would lose about 7 nats, issue 10)."""
+    sampler = {"particles": 10, "burn_in": 5, "block_size": 10, "seed": 3}
+    for name, family, params in (("ar2", "autoregressive", {"order": 2}), ("g1", "gmm", {"dim": 1, "components": 1})):
+        res = client.post(
+            "/v1/models", json={"name": name, "stream": "s-ar", "family": family, "params": params, "sampler": sampler}
+        )
+        assert res.status_code == 201, res.text
+    ys = [3.0, -2.5] + [0.1 * ((7 * i) % 11 - 5) for i in range(28)]
+    assert client.post("/v1/streams/s-ar/chunks", json={"y": ys}).status_code == 202
+    wait_until(lambda: caught_up(client, "s-ar", 1), timeout=120)
+    post = client.get("/v1/streams/s-ar/posterior").json()
+    assert post["conditioned_on"] == 2
+    gauge = series(client.get("/metrics").text, "sgais_model_probability")
+    for m in post["models"]:
+        assert gauge[f'{{model="{m["model"]}",stream="s-ar",tenant="default"}}'] == pytest.approx(m["probability"])
