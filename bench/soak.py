@@ -8,7 +8,8 @@ Starts ``sgais serve --workers W`` (real processes, supervised workers) on a rea
 * keeps ``--sockets`` WebSocket clients on the streams' event channels, each reconnecting every
   ``--reconnect-every`` seconds;
 * every ``--churn-every`` seconds creates a model on a fresh stream, posts two chunks to it, waits
-  for them and deletes the model (``DELETE /v1/models/{m}``; main has no stream deletion);
+  for them and deletes it: every other time the model then its stream (``DELETE /v1/models/{m}``,
+  ``DELETE /v1/streams/{s}``), otherwise the stream with its model in one call;
 * SIGKILLs one worker process every ``--kill-every`` seconds (``sgais serve`` restarts it);
 * samples the RSS of the API process and of each worker every ``--sample-every`` seconds.
 
@@ -153,7 +154,9 @@ class Soak:
                 if r is not None and r.status_code == 200 and r.json()["chunks_processed"] == 2:
                     break
                 time.sleep(1.0)
-            self.call("DELETE", f"/v1/models/{name}")
+            if k % 2 == 0:
+                self.call("DELETE", f"/v1/models/{name}")
+            self.call("DELETE", f"/v1/streams/{stream}")
             self.churned += 1
 
     def reader(self) -> None:
