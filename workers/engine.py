@@ -292,9 +292,10 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
     return {"observations": observations, "ess": float(ess(log_w)), "parameters": out}
 
 
-def posterior_summary_from_bytes(data: bytes) -> dict[str, Any]:
-    """:func:`posterior_summary` of a checkpoint written by :meth:`ModelEngine.to_bytes` (on the CPU;
-    the history is not needed).
+def read_checkpoint(data: bytes) -> tuple[dict[str, Any], dict[str, torch.Tensor], Family]:
+    """The header, tensors (``theta: [M, D]``, ``log_w: [M]``, ``generator``, ``context``, ...) and family of a
+    checkpoint written by :meth:`ModelEngine.to_bytes`, on the CPU, for read-only uses (posterior summaries,
+    the predictive); the history is not needed.
 
     Raises
     ------
@@ -304,8 +305,12 @@ def posterior_summary_from_bytes(data: bytes) -> dict[str, Any]:
     header = json.loads(_metadata(data)["sgais"])
     if header["version"] != CHECKPOINT_VERSION:
         raise ValueError(f"checkpoint version {header['version']} is not supported")
-    t = st_load(data)
-    family = make_family(header["family"], header["params"])
+    return header, st_load(data), make_family(header["family"], header["params"])
+
+
+def posterior_summary_from_bytes(data: bytes) -> dict[str, Any]:
+    """:func:`posterior_summary` of a checkpoint (:func:`read_checkpoint`; raises what it raises)."""
+    header, t, family = read_checkpoint(data)
     return posterior_summary(family, t["theta"], t["log_w"], header["observations"])
 
 

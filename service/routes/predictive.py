@@ -3,7 +3,6 @@ and, for the regression families, ``POST`` with covariate rows ``x``."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import torch
@@ -11,12 +10,11 @@ from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from redis.client import NEVER_DECODE
-from safetensors.torch import load as st_load
 
-from models import make_family
 from models.predictive import PredictiveError, predictive
 from service.deps import KeysDep, RedisDep, TenantDep
 from service.schemas import BODY_RESPONSES, Name
+from workers.engine import read_checkpoint
 from workers.store import reads as store
 
 router = APIRouter(prefix="/v1", tags=["evidence"])
@@ -56,10 +54,7 @@ def predictive_from_bytes(data: bytes, *, x: Any, horizon: int) -> dict[str, Any
     """:func:`models.predictive.predictive` from a checkpoint (``ModelEngine.to_bytes``): its particles,
     log-weights, autoregressive context and a copy of the model's checkpointed generator (the same checkpoint
     and request give the same numbers; the model's own generator is not advanced)."""
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(json.loads(data[8 : 8 + n])["__metadata__"]["sgais"])
-    t = st_load(data)
-    family = make_family(header["family"], header["params"])
+    header, t, family = read_checkpoint(data)
     g = torch.Generator()
     g.set_state(t["generator"])
     out = predictive(
