@@ -14,19 +14,18 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from models.base import (
+    CovariateParams,
+    CovariateSubset,
     Family,
-    HyperParams,
     ParameterSpec,
     as_labels,
     as_matrix,
     check_nonempty_and_aligned,
-    require_x,
 )
 from models.densities import bmm, normal_log_prob
 
 
-class BNNParams(HyperParams):
-    features: int = Field(..., ge=1, le=10_000, description="d, the number of covariates")
+class BNNParams(CovariateParams):
     hidden: list[int] = Field([16], max_length=16, description="widths of the tanh hidden layers")
     outputs: int = Field(
         ..., ge=1, le=10_000, description="output units: 1+ for gaussian, the number of classes for categorical"
@@ -49,7 +48,7 @@ class BNNParams(HyperParams):
         return self
 
 
-class BayesianNeuralNetwork(Family):
+class BayesianNeuralNetwork(CovariateSubset, Family):
     name = "bnn"
     Params = BNNParams
     params: BNNParams
@@ -57,7 +56,7 @@ class BayesianNeuralNetwork(Family):
     @property
     def widths(self) -> list[int]:
         p = self.params
-        return [p.features, *p.hidden, p.outputs]
+        return [p.n_features, *p.hidden, p.outputs]
 
     def parameter_specs(self) -> list[ParameterSpec]:
         w = self.widths
@@ -69,20 +68,19 @@ class BayesianNeuralNetwork(Family):
     def observation_schema(self) -> dict[str, Any]:
         p = self.params
         if p.likelihood == "categorical":
-            return {"x": p.features, "y": [], "y_type": "label", "classes": p.outputs}
-        return {"x": p.features, "y": [] if p.outputs == 1 else [p.outputs], "y_type": "real", "classes": None}
+            return {**self.x_schema(), "y": [], "y_type": "label", "classes": p.outputs}
+        return {**self.x_schema(), "y": [] if p.outputs == 1 else [p.outputs], "y_type": "real", "classes": None}
 
     def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(x: [B, d], y)`` with ``y: [B]`` (labels, or one real output) or ``[B, outputs]``."""
         p = self.params
-        require_x(x, self.name)
+        xt = self.covariates(x, self.name)
         if p.likelihood == "categorical":
             yt = as_labels(y, "y", p.outputs)
         elif p.outputs == 1:
             yt = as_matrix(y, "y", 1)[:, 0]
         else:
             yt = as_matrix(y, "y", p.outputs)
-        xt = as_matrix(x, "x", p.features)
         check_nonempty_and_aligned(xt, yt)
         return xt, yt
 
