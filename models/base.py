@@ -171,13 +171,20 @@ class CovariateSubset:
             out["x_names"] = list(p.column_names)
         return out
 
-    def covariates(self, x: Any, family: str) -> torch.Tensor:
-        """Validate ``x`` rows of the stream's width and return this model's columns, ``[B, d]`` float64."""
+    def stream_covariates(self, x: Any, family: str) -> torch.Tensor:
+        """Validate ``x`` rows of the stream's width: ``[B, columns]`` float64 (every column checked)."""
         require_x(x, family)
-        p = self.params
-        xt = as_matrix(x, "x", p.stream_columns)
-        sel = p.selected
-        return xt if sel is None else xt[:, sel].contiguous()
+        return as_matrix(x, "x", self.params.stream_columns)
+
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk as the stream stores it (all of its ``x`` columns); :meth:`validate` selects this model's."""
+        raise NotImplementedError
+
+    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`validate_stream`, then this model's columns: ``(x: [B, d], y)``."""
+        xt, yt = self.validate_stream(x, y)
+        sel = self.params.selected
+        return (xt if sel is None else xt[:, sel].contiguous()), yt
 
 
 @dataclass(frozen=True)
@@ -301,6 +308,14 @@ class Family(ABC):
         ObservationError
             Naming the field, the row and the reason (shape, dtype, label range, NaN/inf).
         """
+
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Check a block as the stream stores it (the service's check of a posted chunk).
+
+        Differs from :meth:`validate` only for a model that uses a subset of its stream's covariates
+        (``params.features``): this returns every ``x`` column, :meth:`validate` the model's.
+        """
+        return self.validate(x, y)
 
     @abstractmethod
     def stacked_log_prior(self, values: dict[str, torch.Tensor], hp: dict[str, torch.Tensor]) -> torch.Tensor:

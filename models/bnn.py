@@ -71,10 +71,11 @@ class BayesianNeuralNetwork(CovariateSubset, Family):
             return {**self.x_schema(), "y": [], "y_type": "label", "classes": p.outputs}
         return {**self.x_schema(), "y": [] if p.outputs == 1 else [p.outputs], "y_type": "real", "classes": None}
 
-    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(x: [B, d], y)`` with ``y: [B]`` (labels, or one real output) or ``[B, outputs]``."""
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(x: [B, columns], y)`` with ``y: [B]`` (labels, or one real output) or ``[B, outputs]``;
+        :meth:`validate` then keeps the model's ``features``, ``x: [B, d]``."""
         p = self.params
-        xt = self.covariates(x, self.name)
+        xt = self.stream_covariates(x, self.name)
         if p.likelihood == "categorical":
             yt = as_labels(y, "y", p.outputs)
         elif p.outputs == 1:

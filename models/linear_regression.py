@@ -86,10 +86,10 @@ class LinearRegression(CovariateSubset, LinearGaussianStatistics, Family):
     def observation_schema(self) -> dict[str, Any]:
         return {**self.x_schema(), "y": [], "y_type": "real", "classes": None}
 
-    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x``: rows of the stream's ``columns`` numbers; ``y``: numbers.  Returns ``(x: [B, d], y: [B])``,
-        ``x`` restricted to the model's ``features``."""
-        xt = self.covariates(x, self.name)
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: rows of the stream's ``columns`` numbers; ``y``: numbers.  Returns ``(x: [B, columns], y: [B])``;
+        :meth:`validate` then keeps the model's ``features``, ``x: [B, d]``."""
+        xt = self.stream_covariates(x, self.name)
         yt = as_vector(y, "y")
         check_nonempty_and_aligned(xt, yt)
         return xt, yt

@@ -39,12 +39,13 @@ class LogisticRegression(CovariateSubset, Family):
     def observation_schema(self) -> dict[str, Any]:
         return {**self.x_schema(), "y": [], "y_type": "label", "classes": self.params.classes}
 
-    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``x``: rows of the stream's ``columns`` numbers; ``y``: integer labels in ``0..classes-1``.
 
-        Returns ``(x: [B, d], y: [B])`` float64 (labels as whole numbers), ``x`` restricted to ``features``.
+        Returns ``(x: [B, columns], y: [B])`` float64 (labels as whole numbers); :meth:`validate` then keeps
+        the model's ``features``, ``x: [B, d]``.
         """
-        xt = self.covariates(x, self.name)
+        xt = self.stream_covariates(x, self.name)
         yt = as_labels(y, "y", self.params.classes)
         check_nonempty_and_aligned(xt, yt)
         return xt, yt

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from models.conjugate import (
+    LinearRegressionEvidence,
     autoregressive_log_evidence,
     gmm_one_component_log_evidence,
     linear_regression_log_evidence,
@@ -48,6 +49,14 @@ def _linear_regression(g):
     y = x @ torch.tensor([1.0, -0.5, 0.3], dtype=D64) + 0.2 + torch.randn(N, generator=g, dtype=D64)
     exact = linear_regression_log_evidence(x.numpy(), y.numpy(), 1.0, 1.0)
     return ("linear_regression", {"features": 3}), x, y, exact
+
+
+def _linear_regression_unknown_noise(g):
+    x = torch.randn(N, 3, generator=g, dtype=D64)
+    y = x @ torch.tensor([1.0, -0.5, 0.3], dtype=D64) + 0.2 + 0.7 * torch.randn(N, generator=g, dtype=D64)
+    params = {"features": 3, "noise_std": None}
+    exact = LinearRegressionEvidence.for_params(params).update(x.numpy(), y.numpy()).log_evidence
+    return ("linear_regression", params), x, y, exact
 
 
 def _autoregressive(g):
@@ -72,6 +81,7 @@ def _gmm(dim):
 
 CASES = {
     "linear_regression": _linear_regression,
+    "linear_regression-nig": _linear_regression_unknown_noise,
     "autoregressive": _autoregressive,
     "gmm-1": _gmm(1),
     "gmm-2": _gmm(2),
