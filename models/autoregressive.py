@@ -46,6 +46,10 @@ class AutoregressiveParams(HyperParams):
 
 class Autoregressive(LinearGaussianStatistics, Family):
     name = "autoregressive"
+    prior = (
+        "y_t = Σ a_k y_{t−k} + c + ε_t: a_k ~ N(coefficient_location, prior_std²), c ~ N(intercept_location, "
+        "prior_std²); σ = noise_std, or σ² ~ InvGamma(variance_shape, variance_scale) when noise_std is null"
+    )
     Params = AutoregressiveParams
     params: AutoregressiveParams
 

@@ -277,6 +277,8 @@ class Family(ABC):
 
     name: ClassVar[str]
     Params: ClassVar[type[HyperParams]]
+    #: The prior written out in one line (the OpenAPI description of ``params``; docs/priors.md has the rest).
+    prior: ClassVar[str] = ""
     #: Number of stream values a family conditions on before its first
     #: observation (the autoregressive order); 0 for i.i.d. families.
     context_size: int = 0

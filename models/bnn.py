@@ -30,7 +30,9 @@ class BNNParams(CovariateParams):
     outputs: int = Field(
         ..., ge=1, le=10_000, description="output units: 1+ for gaussian, the number of classes for categorical"
     )
-    likelihood: Literal["gaussian", "categorical"] = "gaussian"
+    likelihood: Literal["gaussian", "categorical"] = Field(
+        "gaussian", description="gaussian: y ~ N(f(x), noise_std² I); categorical: y ~ softmax(f(x))"
+    )
     noise_std: float = Field(1.0, gt=0, description="known noise std of the gaussian likelihood")
     prior_std: float = Field(1.0, gt=0, description="prior standard deviation of every weight and bias")
 
@@ -50,6 +52,7 @@ class BNNParams(CovariateParams):
 
 class BayesianNeuralNetwork(CovariateSubset, Family):
     name = "bnn"
+    prior = "tanh MLP; every weight and bias ~ N(0, prior_std²); gaussian: y ~ N(f(x), noise_std² I)"
     Params = BNNParams
     params: BNNParams
 

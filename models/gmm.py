@@ -58,6 +58,10 @@ class GaussianMixtureParams(HyperParams):
 
 class GaussianMixture(Family):
     name = "gmm"
+    prior = (
+        "β ~ Dirichlet(dirichlet_alpha), σ²_kj ~ InvGamma(variance_shape, variance_scale), "
+        "μ_kj | σ²_kj ~ N(mean_location, mean_variance_ratio·σ²_kj)"
+    )
     Params = GaussianMixtureParams
     params: GaussianMixtureParams
 

@@ -70,6 +70,11 @@ class LinearRegressionParams(CovariateParams):
 
 class LinearRegression(CovariateSubset, LinearGaussianStatistics, Family):
     name = "linear_regression"
+    prior = (
+        "y = wᵀx + b + ε, ε ~ N(0, σ²). Known noise (noise_std = σ): w_j ~ N(weight_location, prior_std²), "
+        "b ~ N(intercept_location, prior_std²). Unknown noise (noise_std null): σ² ~ InvGamma(variance_shape, "
+        "variance_scale), (w, b) | σ² ~ N((weight_location, intercept_location), weight_variance_ratio·σ² I)"
+    )
     Params = LinearRegressionParams
     params: LinearRegressionParams
 
