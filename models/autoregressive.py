@@ -1,6 +1,7 @@
 """Bayesian autoregressive model AR(p) of one real series (papers/004, sliding-window embedding).
 
-``y_t = Σ_{k<p} a_k y_{t−1−k} + c + ε_t``, ``a_k, c ~ N(0, prior_std²)``, ``ε_t ~ N(0, σ²)`` with
+``y_t = Σ_{k<p} a_k y_{t−1−k} + c + ε_t``, ``a_k ~ N(coefficient_location, prior_std²)``,
+``c ~ N(intercept_location, prior_std²)``, ``ε_t ~ N(0, σ²)`` with
 ``σ = noise_std`` known, or ``σ² ~ InvGamma(variance_shape, variance_scale)`` when ``noise_std`` is null.
 The stream's first ``p`` values are conditioned on; with known noise the evidence
 ``log p(y_{p+1..n} | y_{1..p})`` is closed form (:func:`models.conjugate.autoregressive_log_evidence`).
@@ -37,12 +38,18 @@ class AutoregressiveParams(HyperParams):
         None, gt=0, description="known noise std; null = unknown variance with an inverse-gamma prior"
     )
     prior_std: float = Field(1.0, gt=0, description="prior standard deviation of the coefficients and the intercept")
+    coefficient_location: float = Field(0.0, allow_inf_nan=False, description="prior mean of every coefficient a_k")
+    intercept_location: float = Field(0.0, allow_inf_nan=False, description="prior mean of the intercept c")
     variance_shape: float = Field(1.0, gt=0, description="shape of the inverse-gamma prior on the noise variance")
     variance_scale: float = Field(1.0, gt=0, description="scale of the inverse-gamma prior on the noise variance")
 
 
 class Autoregressive(LinearGaussianStatistics, Family):
     name = "autoregressive"
+    prior = (
+        "y_t = Σ a_k y_{t−k} + c + ε_t: a_k ~ N(coefficient_location, prior_std²), c ~ N(intercept_location, "
+        "prior_std²); σ = noise_std, or σ² ~ InvGamma(variance_shape, variance_scale) when noise_std is null"
+    )
     Params = AutoregressiveParams
     params: AutoregressiveParams
 
@@ -86,7 +93,13 @@ class Autoregressive(LinearGaussianStatistics, Family):
 
     def hyper(self) -> dict[str, float]:
         p = self.params
-        hp = {"prior_std": p.prior_std, "variance_shape": p.variance_shape, "variance_scale": p.variance_scale}
+        hp = {
+            "prior_std": p.prior_std,
+            "variance_shape": p.variance_shape,
+            "variance_scale": p.variance_scale,
+            "coefficient_location": p.coefficient_location,
+            "intercept_location": p.intercept_location,
+        }
         if p.noise_std is not None:
             hp["noise_std"] = p.noise_std
         return hp
@@ -96,9 +109,9 @@ class Autoregressive(LinearGaussianStatistics, Family):
         return (self.name, self.params.order, self.known_noise)
 
     def stacked_log_prior(self, values, hp):
-        s = hp["prior_std"]
-        lp = normal_log_prob(values["coefficients"], 0.0, s[..., None]).sum(-1)
-        lp = lp + normal_log_prob(values["intercept"], 0.0, s)
+        s, cl = hp["prior_std"], hp["coefficient_location"]
+        lp = normal_log_prob(values["coefficients"], cl[..., None], s[..., None]).sum(-1)
+        lp = lp + normal_log_prob(values["intercept"], hp["intercept_location"], s)
         if not self.known_noise:
             a, b, v = hp["variance_shape"], hp["variance_scale"], values["variance"]
             lp = lp + a * torch.log(b) - torch.lgamma(a) - (a + 1.0) * torch.log(v) - b / v  # InvGamma(a, b)
@@ -135,21 +148,34 @@ class Autoregressive(LinearGaussianStatistics, Family):
     def quadratic(self) -> bool:  # type: ignore[override]
         return self.known_noise
 
+    def prior_location(self, hp: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``m₀: [K, p+1]``, the prior mean of (coefficients, intercept) of each model of a stack."""
+        cl = hp["coefficient_location"].expand(-1, self.params.order)
+        return torch.cat([cl, hp["intercept_location"]], dim=-1)
+
     def stacked_grad_log_prior(self, theta, hp):
-        """``−θ/s²`` on the coefficients and intercept; on ``u = log σ²`` (InvGamma(a, b) with its
+        """``−(θ − m₀)/s²`` on the coefficients and intercept; on ``u = log σ²`` (InvGamma(a, b) with its
         log-Jacobian ``u``): ``∂_u = −a + b e^{−u}``."""
         s2 = hp["prior_std"][..., None] ** 2
+        m0 = self.prior_location(hp)[:, None, :]
         if self.known_noise:
-            return -theta / s2
+            return -(theta - m0) / s2
         u = theta[..., -1:]
         du = -hp["variance_shape"][..., None] + hp["variance_scale"][..., None] * torch.exp(-u)
-        return torch.cat([-theta[..., :-1] / s2, du], dim=-1)
+        return torch.cat([-(theta[..., :-1] - m0) / s2, du], dim=-1)
+
+    def stacked_prior_statistics(self, hp):
+        """``(A0 = I/s², c0 = m₀/s²)`` of ``∇ log p(θ) = c0 − θ A0`` (known noise)."""
+        A0, _ = super().stacked_prior_statistics(hp)
+        return A0, self.prior_location(hp) / hp["prior_std"] ** 2
 
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params
         out = {
-            "coefficients": p.prior_std * torch.randn(M, p.order, generator=generator, dtype=dtype, device=device),
-            "intercept": p.prior_std * torch.randn(M, generator=generator, dtype=dtype, device=device),
+            "coefficients": p.coefficient_location
+            + p.prior_std * torch.randn(M, p.order, generator=generator, dtype=dtype, device=device),
+            "intercept": p.intercept_location
+            + p.prior_std * torch.randn(M, generator=generator, dtype=dtype, device=device),
         }
         if not self.known_noise:
             g = torch._standard_gamma(

@@ -18,10 +18,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from torch.distributions import biject_to, constraints
 
 from models.densities import LOG_2PI, bmm, normal_log_prob  # noqa: F401  (re-exported)
@@ -52,6 +52,139 @@ class HyperParams(BaseModel):
     """Base class of every family's hyperparameter schema (unknown keys are errors)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+MAX_COVARIATES = 10_000
+
+
+class CovariateParams(HyperParams):
+    """The covariate fields of the regression families: which of the stream's ``x`` columns a model uses.
+
+    ``features`` is either ``d`` (the model uses all ``d`` columns of ``x``) or a list of column indices
+    (0-based) or names; with a list, ``columns`` gives the stream's columns (their number, or their names),
+    so that models with different covariate subsets can share one stream.
+    """
+
+    columns: Annotated[int, Field(ge=1, le=MAX_COVARIATES)] | list[str] | None = Field(
+        None,
+        description=(
+            "the stream's covariate columns: their number, or their names (a list of strings); null = "
+            "`features` columns. Needed when `features` lists columns; every model of a stream gives the same"
+        ),
+    )
+    features: (
+        Annotated[int, Field(ge=1, le=MAX_COVARIATES)]
+        | Annotated[list[int | str], Field(min_length=1, max_length=MAX_COVARIATES)]
+    ) = Field(
+        ...,
+        description=(
+            "the covariates the model uses: d (all d columns of x), or a list of 0-based column indices or "
+            "column names (from `columns`) selecting a subset of the stream's x"
+        ),
+    )
+
+    @field_validator("columns")
+    @classmethod
+    def _distinct_names(cls, v: int | list[str] | None) -> int | list[str] | None:
+        if isinstance(v, list):
+            if not 1 <= len(v) <= MAX_COVARIATES:
+                raise ValueError(f"give 1..{MAX_COVARIATES} column names")
+            if len(set(v)) != len(v):
+                raise ValueError("column names must be distinct")
+        return v
+
+    @field_validator("features")
+    @classmethod
+    def _features_in_columns(cls, v: int | list[int | str], info: ValidationInfo) -> int | list[int | str]:
+        if "columns" not in info.data:  # columns itself is invalid: reported there
+            return v
+        columns_of(v, info.data["columns"])
+        return v
+
+    @property
+    def stream_columns(self) -> int:
+        """The width of the stream's ``x`` rows."""
+        return columns_of(self.features, self.columns)[0]
+
+    @property
+    def selected(self) -> list[int] | None:
+        """0-based indices of the columns this model uses, or None for all of them."""
+        return columns_of(self.features, self.columns)[1]
+
+    @property
+    def n_features(self) -> int:
+        """d, the number of covariates the model uses."""
+        f = self.features
+        return f if isinstance(f, int) else len(f)
+
+    @property
+    def column_names(self) -> list[str] | None:
+        return self.columns if isinstance(self.columns, list) else None
+
+
+def columns_of(features: int | list[int | str], columns: int | list[str] | None) -> tuple[int, list[int] | None]:
+    """``(width of the stream's x, selected 0-based indices or None for all)``.
+
+    Raises
+    ------
+    ValueError
+        A list of ``features`` without ``columns``, an index out of range, an unknown name, a duplicate, or
+        ``features`` as a number that differs from the stream's columns (the message names the field).
+    """
+    if columns is None:
+        if isinstance(features, list):
+            raise ValueError("a list of features needs `columns`, the stream's covariate columns (number or names)")
+        return features, None
+    names = columns if isinstance(columns, list) else None
+    width = len(columns) if isinstance(columns, list) else columns
+    if isinstance(features, int):
+        if features != width:
+            raise ValueError(f"{features} features but the stream has {width} columns; list the columns to use")
+        return width, None
+    idx: list[int] = []
+    for f in features:
+        if isinstance(f, str):
+            if names is None or f not in names:
+                known = f"; known: {names}" if names else " (give `columns` as a list of names to use names)"
+                raise ValueError(f"unknown column name {f!r}{known}")
+            idx.append(names.index(f))
+        else:
+            if not 0 <= f < width:
+                raise ValueError(f"column index {f} out of range 0..{width - 1}")
+            idx.append(f)
+    if len(set(idx)) != len(idx):
+        raise ValueError("a column is selected twice")
+    return width, idx
+
+
+class CovariateSubset:
+    """Mixin of the families with covariates: the stream's ``x`` rows are validated at their full width, then
+    the model's columns (``params.features``) are selected."""
+
+    params: Any
+
+    def x_schema(self) -> dict[str, Any]:
+        """The ``x`` part of the observation schema: the stream's width, and its column names when given."""
+        p = self.params
+        out: dict[str, Any] = {"x": p.stream_columns}
+        if p.column_names is not None:
+            out["x_names"] = list(p.column_names)
+        return out
+
+    def stream_covariates(self, x: Any, family: str) -> torch.Tensor:
+        """Validate ``x`` rows of the stream's width: ``[B, columns]`` float64 (every column checked)."""
+        require_x(x, family)
+        return as_matrix(x, "x", self.params.stream_columns)
+
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk as the stream stores it (all of its ``x`` columns); :meth:`validate` selects this model's."""
+        raise NotImplementedError
+
+    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`validate_stream`, then this model's columns: ``(x: [B, d], y)``."""
+        xt, yt = self.validate_stream(x, y)
+        sel = self.params.selected
+        return (xt if sel is None else xt[:, sel].contiguous()), yt
 
 
 @dataclass(frozen=True)
@@ -144,6 +277,8 @@ class Family(ABC):
 
     name: ClassVar[str]
     Params: ClassVar[type[HyperParams]]
+    #: The prior written out in one line (the OpenAPI description of ``params``; docs/priors.md has the rest).
+    prior: ClassVar[str] = ""
     #: Number of stream values a family conditions on before its first
     #: observation (the autoregressive order); 0 for i.i.d. families.
     context_size: int = 0
@@ -175,6 +310,14 @@ class Family(ABC):
         ObservationError
             Naming the field, the row and the reason (shape, dtype, label range, NaN/inf).
         """
+
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Check a block as the stream stores it (the service's check of a posted chunk).
+
+        Differs from :meth:`validate` only for a model that uses a subset of its stream's covariates
+        (``params.features``): this returns every ``x`` column, :meth:`validate` the model's.
+        """
+        return self.validate(x, y)
 
     @abstractmethod
     def stacked_log_prior(self, values: dict[str, torch.Tensor], hp: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -14,24 +14,25 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from models.base import (
+    CovariateParams,
+    CovariateSubset,
     Family,
-    HyperParams,
     ParameterSpec,
     as_labels,
     as_matrix,
     check_nonempty_and_aligned,
-    require_x,
 )
 from models.densities import bmm, normal_log_prob
 
 
-class BNNParams(HyperParams):
-    features: int = Field(..., ge=1, le=10_000, description="d, the number of covariates")
+class BNNParams(CovariateParams):
     hidden: list[int] = Field([16], max_length=16, description="widths of the tanh hidden layers")
     outputs: int = Field(
         ..., ge=1, le=10_000, description="output units: 1+ for gaussian, the number of classes for categorical"
     )
-    likelihood: Literal["gaussian", "categorical"] = "gaussian"
+    likelihood: Literal["gaussian", "categorical"] = Field(
+        "gaussian", description="gaussian: y ~ N(f(x), noise_std² I); categorical: y ~ softmax(f(x))"
+    )
     noise_std: float = Field(1.0, gt=0, description="known noise std of the gaussian likelihood")
     prior_std: float = Field(1.0, gt=0, description="prior standard deviation of every weight and bias")
 
@@ -49,15 +50,16 @@ class BNNParams(HyperParams):
         return self
 
 
-class BayesianNeuralNetwork(Family):
+class BayesianNeuralNetwork(CovariateSubset, Family):
     name = "bnn"
+    prior = "tanh MLP; every weight and bias ~ N(0, prior_std²); gaussian: y ~ N(f(x), noise_std² I)"
     Params = BNNParams
     params: BNNParams
 
     @property
     def widths(self) -> list[int]:
         p = self.params
-        return [p.features, *p.hidden, p.outputs]
+        return [p.n_features, *p.hidden, p.outputs]
 
     def parameter_specs(self) -> list[ParameterSpec]:
         w = self.widths
@@ -69,20 +71,20 @@ class BayesianNeuralNetwork(Family):
     def observation_schema(self) -> dict[str, Any]:
         p = self.params
         if p.likelihood == "categorical":
-            return {"x": p.features, "y": [], "y_type": "label", "classes": p.outputs}
-        return {"x": p.features, "y": [] if p.outputs == 1 else [p.outputs], "y_type": "real", "classes": None}
+            return {**self.x_schema(), "y": [], "y_type": "label", "classes": p.outputs}
+        return {**self.x_schema(), "y": [] if p.outputs == 1 else [p.outputs], "y_type": "real", "classes": None}
 
-    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(x: [B, d], y)`` with ``y: [B]`` (labels, or one real output) or ``[B, outputs]``."""
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(x: [B, columns], y)`` with ``y: [B]`` (labels, or one real output) or ``[B, outputs]``;
+        :meth:`validate` then keeps the model's ``features``, ``x: [B, d]``."""
         p = self.params
-        require_x(x, self.name)
+        xt = self.stream_covariates(x, self.name)
         if p.likelihood == "categorical":
             yt = as_labels(y, "y", p.outputs)
         elif p.outputs == 1:
             yt = as_matrix(y, "y", 1)[:, 0]
         else:
             yt = as_matrix(y, "y", p.outputs)
-        xt = as_matrix(x, "x", p.features)
         check_nonempty_and_aligned(xt, yt)
         return xt, yt
 

@@ -12,43 +12,42 @@ import torch
 from pydantic import Field
 
 from models.base import (
+    CovariateParams,
+    CovariateSubset,
     Family,
-    HyperParams,
     ParameterSpec,
     as_labels,
-    as_matrix,
     check_nonempty_and_aligned,
-    require_x,
 )
 from models.densities import bmm, normal_log_prob
 
 
-class LogisticRegressionParams(HyperParams):
-    features: int = Field(..., ge=1, le=10_000, description="d, the number of covariates")
+class LogisticRegressionParams(CovariateParams):
     classes: int = Field(..., ge=2, le=10_000, description="K, the number of classes (labels 0..K-1)")
     prior_std: float = Field(1.0, gt=0, description="prior standard deviation of W and b")
 
 
-class LogisticRegression(Family):
+class LogisticRegression(CovariateSubset, Family):
     name = "logistic_regression"
+    prior = "p(y = k | x) = softmax(W x + b)_k; every entry of W and b ~ N(0, prior_std²)"
     Params = LogisticRegressionParams
     params: LogisticRegressionParams
 
     def parameter_specs(self) -> list[ParameterSpec]:
         p = self.params
-        return [ParameterSpec("W", (p.classes, p.features)), ParameterSpec("b", (p.classes,))]
+        return [ParameterSpec("W", (p.classes, p.n_features)), ParameterSpec("b", (p.classes,))]
 
     def observation_schema(self) -> dict[str, Any]:
-        return {"x": self.params.features, "y": [], "y_type": "label", "classes": self.params.classes}
+        return {**self.x_schema(), "y": [], "y_type": "label", "classes": self.params.classes}
 
-    def validate(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x``: rows of ``features`` numbers; ``y``: integer labels in ``0..classes-1``.
+    def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: rows of the stream's ``columns`` numbers; ``y``: integer labels in ``0..classes-1``.
 
-        Returns ``(x: [B, d], y: [B])`` float64 (labels as whole numbers).
+        Returns ``(x: [B, columns], y: [B])`` float64 (labels as whole numbers); :meth:`validate` then keeps
+        the model's ``features``, ``x: [B, d]``.
         """
-        require_x(x, self.name)
+        xt = self.stream_covariates(x, self.name)
         yt = as_labels(y, "y", self.params.classes)
-        xt = as_matrix(x, "x", self.params.features)
         check_nonempty_and_aligned(xt, yt)
         return xt, yt
 
@@ -73,6 +72,6 @@ class LogisticRegression(Family):
         p = self.params
         s = p.prior_std
         return {
-            "W": s * torch.randn(M, p.classes, p.features, generator=generator, dtype=dtype, device=device),
+            "W": s * torch.randn(M, p.classes, p.n_features, generator=generator, dtype=dtype, device=device),
             "b": s * torch.randn(M, p.classes, generator=generator, dtype=dtype, device=device),
         }

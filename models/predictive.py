@@ -31,7 +31,8 @@ class PredictiveError(ValueError):
 def _linear_regression(family, values, x, context, horizon, S, g) -> torch.Tensor:
     mean = values["w"] @ x.T + values["b"][:, None]  # [M, H]
     noise = torch.randn(mean.shape[0], S, horizon, generator=g, dtype=mean.dtype)
-    return mean[:, None, :] + family.params.noise_std * noise  # [M, S, H]
+    std = family.params.noise_std if family.known_noise else values["noise_variance"].sqrt()[:, None, None]
+    return mean[:, None, :] + std * noise  # [M, S, H]
 
 
 def _categorical(logits: torch.Tensor, S: int, g: torch.Generator) -> torch.Tensor:

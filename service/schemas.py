@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -45,13 +46,29 @@ class _Request(BaseModel):
 
 
 # ----- models ---------------------------------------------------------------------------------
+def _params_description() -> str:
+    """The ``params`` field's OpenAPI description: each family's prior and hyperparameters with defaults
+    (from the families' pydantic schemas, so it cannot go stale; docs/priors.md has the full text)."""
+    from pydantic_core import PydanticUndefined
+
+    parts = ["The family's hyperparameters; unknown keys are 422. Priors in full: docs/priors.md."]
+    for name in sorted(FAMILIES):
+        cls = FAMILIES[name]
+        fields = []
+        for field, info in cls.Params.model_fields.items():
+            default = "required" if info.default is PydanticUndefined else json.dumps(info.default)
+            fields.append(f"`{field}` ({default}): {info.description or ''}")
+        parts.append(f"**{name}** — prior: {cls.prior}. Params: " + "; ".join(fields) + ".")
+    return "\n\n".join(parts)
+
+
 class ModelCreate(_Request):
     name: Name
     stream: Name | None = Field(None, description="defaults to the model's name")
     family: str = Field(
         ..., description="registered family (models.FAMILIES)", json_schema_extra={"enum": [*sorted(FAMILIES)]}
     )
-    params: dict[str, Any] = Field(default_factory=dict, description="the family's hyperparameters")
+    params: dict[str, Any] = Field(default_factory=dict, description=_params_description())
     sampler: dict[str, Any] = Field(default_factory=dict, description="SGAIS settings overrides")
     alerts: dict[str, Any] = Field(default_factory=dict, description="change-point alert settings overrides")
     prior_probability: float = Field(1.0, gt=0, allow_inf_nan=False, description="relative prior weight")

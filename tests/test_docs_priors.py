@@ -30,3 +30,16 @@ def test_readme_links_the_reference_docs() -> None:
     readme = (ROOT / "README.md").read_text()
     for doc in ("docs/api.md", "docs/priors.md"):
         assert (ROOT / doc).exists() and f"({doc})" in readme
+
+
+def test_openapi_describes_every_family_prior_and_hyperparameter() -> None:
+    """The ``params`` description of ``POST /v1/models`` (embedded in the OpenAPI document) names every family's
+    prior and every hyperparameter with its default and description."""
+    from service.routes.models import _model_openapi
+
+    schema = _model_openapi["requestBody"]["content"]["application/json"]["schema"]
+    text = schema["properties"]["params"]["description"]
+    for name, family in FAMILIES.items():
+        assert f"**{name}** — prior: {family.prior}" in text and family.prior
+        for field, info in family.Params.model_fields.items():
+            assert f"`{field}` (" in text and info.description and info.description in text, (name, field)

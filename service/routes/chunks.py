@@ -102,7 +102,7 @@ def validate_chunk(family: Family, body: ChunkIn, configs: list[dict[str, Any]])
     Raises ObservationError naming the field, the row and the reason.
     """
     try:
-        x, y = family.validate(body.x, body.y)
+        x, y = family.validate_stream(body.x, body.y)  # every x column: models may use subsets (features)
     except (OverflowError, TypeError, RuntimeError):
         for field, values in (("y", body.y), ("x", body.x)):
             row = _overflow_row(values)

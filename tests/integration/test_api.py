@@ -34,7 +34,17 @@ def test_models_crud_fills_sampler_defaults(client):
     m = create(client, "a", prior_probability=2.0)
     assert m["sampler"]["particles"] == 10 and m["sampler"]["block_size"] == 500  # default filled in
     assert m["sampler"]["device"] == "cpu" and m["alerts"]["enabled"] is True
-    assert m["params"] == {"features": 2, "noise_std": 1.0, "prior_std": 1.0}
+    assert m["params"] == {
+        "columns": None,
+        "features": 2,
+        "noise_std": 1.0,
+        "prior_std": 1.0,
+        "weight_location": 0.0,
+        "intercept_location": 0.0,
+        "variance_shape": 1.0,
+        "variance_scale": 1.0,
+        "weight_variance_ratio": 1.0,
+    }
     assert client.post("/v1/models", json={"name": "a", **SMALL_MODEL}).status_code == 409
     assert client.get("/v1/models/a").json() == m
     assert [x["name"] for x in client.get("/v1/models").json()["items"]] == ["a"]

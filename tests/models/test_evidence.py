@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from models.conjugate import (
+    LinearRegressionEvidence,
     autoregressive_log_evidence,
     gmm_one_component_log_evidence,
     linear_regression_log_evidence,
@@ -40,7 +41,13 @@ SEEDS = (0, 1, 2)
 D64 = torch.float64
 
 # Measured sd of e over seeds 0..7 (see module docstring), rounded up.
-SIGMA = {"linear_regression": 0.6, "autoregressive": 0.6, "gmm-1": 0.35, "gmm-2": 0.75}
+SIGMA = {"linear_regression": 0.6, "linear_regression-nig": 0.45, "autoregressive": 0.6, "gmm-1": 0.35, "gmm-2": 0.75}
+# Sampler overrides per case.  linear_regression-nig (unknown noise, normal–inverse-gamma): with the default
+# learning rate 0.1 the error has mean −0.90, sd 0.29 over seeds 0..7 (this data set): an SGHMC step-size
+# bias, growing from −0.51 at n = 500 to −0.81 at n = 2000 (6 seeds), not Monte Carlo error.  learning_rate
+# 0.03 alone leaves −0.40; with burn_in 60 too: mean −0.09, sd 0.40 over seeds 0..7 (SIGMA below).  So the
+# test checks the family and SGAIS at a step size fine enough for this posterior (reported in docs/priors.md).
+SAMPLER = {"linear_regression-nig": {"learning_rate": 0.03, "burn_in": 60}}
 
 
 def _linear_regression(g):
@@ -48,6 +55,14 @@ def _linear_regression(g):
     y = x @ torch.tensor([1.0, -0.5, 0.3], dtype=D64) + 0.2 + torch.randn(N, generator=g, dtype=D64)
     exact = linear_regression_log_evidence(x.numpy(), y.numpy(), 1.0, 1.0)
     return ("linear_regression", {"features": 3}), x, y, exact
+
+
+def _linear_regression_unknown_noise(g):
+    x = torch.randn(N, 3, generator=g, dtype=D64)
+    y = x @ torch.tensor([1.0, -0.5, 0.3], dtype=D64) + 0.2 + 0.7 * torch.randn(N, generator=g, dtype=D64)
+    params = {"features": 3, "noise_std": None}
+    exact = LinearRegressionEvidence.for_params(params).update(x.numpy(), y.numpy()).log_evidence
+    return ("linear_regression", params), x, y, exact
 
 
 def _autoregressive(g):
@@ -72,6 +87,7 @@ def _gmm(dim):
 
 CASES = {
     "linear_regression": _linear_regression,
+    "linear_regression-nig": _linear_regression_unknown_noise,
     "autoregressive": _autoregressive,
     "gmm-1": _gmm(1),
     "gmm-2": _gmm(2),
@@ -81,7 +97,7 @@ CASES = {
 def sgais_errors(case: str, stacked: bool = False) -> tuple[list[float], float]:
     """``log Ẑ − log Z`` per seed (nats) and the exact log Z; ``stacked``: the seeds run as one stack."""
     (family, params), x, y, exact = CASES[case](torch.Generator().manual_seed(100))
-    engines = [ModelEngine(family, params, {"seed": seed}) for seed in SEEDS]
+    engines = [ModelEngine(family, params, {**SAMPLER.get(case, {}), "seed": seed}) for seed in SEEDS]
     if stacked:
         results = advance_stack(engines, [(x, y)] * len(engines))
     else:
@@ -109,6 +125,12 @@ def check(case: str, stacked: bool = False) -> None:
 @pytest.mark.parametrize("stacked", [False, True], ids=["alone", "stacked"])
 def test_linear_regression_known_noise_matches_exact_evidence(stacked):
     check("linear_regression", stacked)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stacked", [False, True], ids=["alone", "stacked"])
+def test_linear_regression_unknown_noise_matches_student_t_evidence(stacked):
+    check("linear_regression-nig", stacked)
 
 
 @pytest.mark.slow

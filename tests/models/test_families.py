@@ -4,6 +4,7 @@ prior draws follow the prior, and invalid observations are rejected with field a
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -19,6 +20,21 @@ D64 = torch.float64
 # (family, hyperparameters) covering every parameter kind and likelihood branch.
 CASES = [
     ("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 1.3}),
+    ("linear_regression", {"features": 3, "weight_location": 0.4, "intercept_location": -2.0}),
+    (
+        "linear_regression",
+        {
+            "features": 3,
+            "noise_std": None,
+            "variance_shape": 2.0,
+            "variance_scale": 3.0,
+            "weight_variance_ratio": 0.5,
+            "weight_location": -0.3,
+            "intercept_location": 1.5,
+        },
+    ),
+    ("linear_regression", {"features": [4, "c"], "columns": ["a", "b", "c", "d", "e"], "noise_std": None}),
+    ("logistic_regression", {"features": [0, 2], "columns": 4, "classes": 3}),
     ("logistic_regression", {"features": 3, "classes": 4, "prior_std": 1.5}),
     ("gmm", {"dim": 1, "components": 1}),
     (
@@ -29,14 +45,17 @@ CASES = [
             "dirichlet_alpha": 2.0,
             "variance_shape": 2.5,
             "variance_scale": 0.5,
-            "mean_scale": 3.0,
+            "mean_scale": 3.0,  # the old name of mean_variance_ratio
         },
     ),
+    ("gmm", {"dim": 2, "components": 1, "mean_location": 300.0, "mean_variance_ratio": 0.5}),
     ("autoregressive", {"order": 3, "noise_std": 0.5, "prior_std": 0.8}),
+    ("autoregressive", {"order": 2, "coefficient_location": 0.5, "intercept_location": -1.0}),
     ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
     ("bnn", {"features": 3, "hidden": [5], "outputs": 1, "noise_std": 0.4}),
     ("bnn", {"features": 2, "hidden": [4, 3], "outputs": 2, "prior_std": 0.7}),
     ("bnn", {"features": 3, "hidden": [6], "outputs": 3, "likelihood": "categorical"}),
+    ("bnn", {"features": [1], "columns": 3, "hidden": [4], "outputs": 1}),
 ]
 IDS = [f"{f}-{i}" for i, (f, _) in enumerate(CASES)]
 
@@ -52,7 +71,7 @@ def make_data(family, B: int, g: torch.Generator):
         _, y = family.validate(None, torch.randn(B + p.order, generator=g, dtype=D64).tolist())
         x, y, _ = family.prepare(None, y, None)
         return x, y
-    x = torch.randn(B, p.features, generator=g, dtype=D64)
+    x = torch.randn(B, p.stream_columns, generator=g, dtype=D64)  # the stream's columns; validate selects
     if name == "logistic_regression" or (name == "bnn" and p.likelihood == "categorical"):
         K = p.classes if name == "logistic_regression" else p.outputs
         y = torch.randint(0, K, (B,), generator=g).tolist()
@@ -68,7 +87,8 @@ def reference_log_lik(family, v: dict[str, torch.Tensor], x, y) -> torch.Tensor:
     p = family.params
     name = family.name
     if name == "linear_regression":
-        return Normal(x @ v["w"] + v["b"], p.noise_std).log_prob(y)
+        std = p.noise_std if p.noise_std is not None else v["noise_variance"].sqrt()
+        return Normal(x @ v["w"] + v["b"], std).log_prob(y)
     if name == "logistic_regression":
         return Categorical(logits=x @ v["W"].T + v["b"]).log_prob(y.long())
     if name == "gmm":
@@ -103,14 +123,26 @@ def reference_log_prior(family, v: dict[str, torch.Tensor]) -> torch.Tensor:
         lp = Dirichlet(torch.full((p.components,), p.dirichlet_alpha, dtype=D64)).log_prob(v["weights"])
         ig = InverseGamma(torch.tensor(p.variance_shape, dtype=D64), torch.tensor(p.variance_scale, dtype=D64))
         lp = lp + ig.log_prob(v["variances"]).sum()
-        return lp + Normal(0.0, (p.mean_scale * v["variances"]).sqrt()).log_prob(v["means"]).sum()
+        prior_sd = (p.mean_variance_ratio * v["variances"]).sqrt()
+        return lp + Normal(p.mean_location, prior_sd).log_prob(v["means"]).sum()
+    location = {
+        "w": getattr(p, "weight_location", 0.0),
+        "b": getattr(p, "intercept_location", 0.0),
+        "coefficients": getattr(p, "coefficient_location", 0.0),
+        "intercept": getattr(p, "intercept_location", 0.0),
+    }
+    if family.name == "logistic_regression" or family.name == "bnn":
+        location = {}
+    sd = torch.tensor(p.prior_std, dtype=D64)
+    if name == "linear_regression" and p.noise_std is None:  # normal–inverse-gamma: (w, b) | σ² ~ N(m0, r σ² I)
+        sd = (p.weight_variance_ratio * v["noise_variance"]).sqrt()
     lp = torch.zeros((), dtype=D64)
     for spec in family.space.specs:
-        if spec.name == "variance":
+        if spec.name in ("variance", "noise_variance"):
             ig = InverseGamma(torch.tensor(p.variance_shape, dtype=D64), torch.tensor(p.variance_scale, dtype=D64))
-            lp = lp + ig.log_prob(v["variance"])
+            lp = lp + ig.log_prob(v[spec.name])
         else:
-            lp = lp + Normal(0.0, torch.tensor(p.prior_std, dtype=D64)).log_prob(v[spec.name]).sum()
+            lp = lp + Normal(location.get(spec.name, 0.0), sd).log_prob(v[spec.name]).sum()
     return lp
 
 
@@ -183,7 +215,7 @@ def test_prior_draws_use_only_the_explicit_generator(name, params):
 def test_gmm_prior_on_r_d_integrates_to_one():
     # dim 1, one component: theta = (mu, u = log sigma^2); the density on R^2 must integrate to 1.
     # Grid quadrature (Simpson), vectorised: u on [-8, 12]; for each u the mean axis is
-    # mu = s(u) z with s(u) = sqrt(mean_scale e^u), z in [-12, 12], d mu = s(u) dz.  Outside
+    # mu = s(u) z with s(u) = sqrt(mean_variance_ratio e^u), z in [-12, 12], d mu = s(u) dz.  Outside
     # that box the density is below ~1e-30 (Gaussian tails at 12 sd; e^{-a u} / e^{-b e^{-u}} in u).
     family = make_family("gmm", {"dim": 1, "components": 1, "variance_shape": 2.0, "variance_scale": 1.5})
     u = torch.linspace(-8, 12, 801, dtype=D64)
@@ -234,14 +266,14 @@ def test_autoregressive_variance_coordinate_integrates_to_the_normal_part():
 
 def test_gmm_prior_draws_follow_dirichlet_and_inverse_gamma():
     # Kolmogorov-Smirnov on 4000 deterministic draws: weights_k ~ Beta(a, (K-1)a), sigma^2 ~ InvGamma,
-    # mu / sqrt(mean_scale sigma^2) ~ N(0,1).  p > 1e-3 fails with probability 1e-3 per check if correct.
+    # mu / sqrt(mean_variance_ratio sigma^2) ~ N(0,1).  p > 1e-3 fails with probability 1e-3 per check if correct.
     p = {
         "dim": 2,
         "components": 3,
         "dirichlet_alpha": 0.7,
         "variance_shape": 2.0,
         "variance_scale": 3.0,
-        "mean_scale": 2.0,
+        "mean_variance_ratio": 2.0,
     }
     family = make_family("gmm", p)
     values = family.sample_prior_constrained(torch.Generator().manual_seed(11), 4000, D64, torch.device("cpu"))
@@ -354,3 +386,104 @@ def test_hyperparameter_schemas_reject_bad_values():
             make_family(name, params)
     assert make_family("autoregressive", {"order": 4}).context_size == 4
     assert np.isclose(make_family("bnn", {"features": 3, "outputs": 1}).dim, 3 * 16 + 16 + 16 + 1)
+
+
+def test_linear_regression_normal_inverse_gamma_prior_draws():
+    # KS on 4000 deterministic draws: sigma^2 ~ InvGamma(a0, b0); (w_j - m)/sqrt(r sigma^2) and
+    # (b - m_b)/sqrt(r sigma^2) ~ N(0, 1), and independent of sigma^2 once standardised (Spearman).
+    # Each check fails with probability 1e-3 if the sampler is right.
+    p = {
+        "features": 2,
+        "noise_std": None,
+        "variance_shape": 2.5,
+        "variance_scale": 4.0,
+        "weight_variance_ratio": 0.3,
+        "weight_location": 1.0,
+        "intercept_location": -5.0,
+    }
+    family = make_family("linear_regression", p)
+    values = family.sample_prior_constrained(torch.Generator().manual_seed(2), 4000, D64, torch.device("cpu"))
+    var = values["noise_variance"]
+    assert stats.kstest(var.numpy(), stats.invgamma(2.5, scale=4.0).cdf).pvalue > 1e-3
+    sd = (0.3 * var).sqrt()
+    zw = ((values["w"][:, 1] - 1.0) / sd).numpy()
+    zb = ((values["b"] + 5.0) / sd).numpy()
+    for z in (zw, zb):
+        assert stats.kstest(z, stats.norm.cdf).pvalue > 1e-3
+    assert stats.spearmanr(np.abs(zw), var.numpy()).pvalue > 1e-3
+
+
+def test_prior_locations_shift_the_draws_and_the_density():
+    # The same seed with and without a location: draws differ by the location exactly, and the log prior
+    # of the shifted draws equals the unshifted one (a location family).
+    for name, base, loc in [
+        ("gmm", {"dim": 1, "components": 1}, {"mean_location": 300.0}),
+        ("autoregressive", {"order": 2, "noise_std": 1.0}, {"coefficient_location": 0.5, "intercept_location": 2.0}),
+        ("linear_regression", {"features": 2, "noise_std": None}, {"weight_location": -1.0, "intercept_location": 7.0}),
+    ]:
+        f0, f1 = make_family(name, base), make_family(name, {**base, **loc})
+        t0, t1 = (
+            f0.sample_prior(torch.Generator().manual_seed(4), 50),
+            f1.sample_prior(torch.Generator().manual_seed(4), 50),
+        )
+        shift = t1 - t0
+        assert shift.abs().max() > 0.4
+        torch.testing.assert_close(f1.log_prior(t1), f0.log_prior(t0), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(f1.grad_log_prior(t1), f0.grad_log_prior(t0), rtol=1e-9, atol=1e-9)
+
+
+def test_gmm_accepts_the_old_name_of_mean_variance_ratio():
+    from pydantic import ValidationError
+
+    old = make_family("gmm", {"dim": 1, "components": 1, "mean_scale": 9.0})
+    assert old.params == make_family("gmm", {"dim": 1, "components": 1, "mean_variance_ratio": 9.0}).params
+    assert "mean_scale" not in old.params.model_dump() and old.params.model_dump()["mean_variance_ratio"] == 9.0
+    with pytest.raises(ValidationError, match="old name"):
+        make_family("gmm", {"dim": 1, "components": 1, "mean_scale": 9.0, "mean_variance_ratio": 9.0})
+
+
+def test_feature_subsets_select_the_stream_columns():
+    X = [[0.0, 1.0, 2.0, 3.0], [10.0, 11.0, 12.0, 13.0]]
+    names = ["age", "sex", "bmi", "bp"]
+    for name, extra in [("linear_regression", {}), ("logistic_regression", {"classes": 2}), ("bnn", {"outputs": 1})]:
+        by_index = make_family(name, {"features": [3, 1], "columns": 4, **extra})
+        by_name = make_family(name, {"features": ["bp", "sex"], "columns": names, **extra})
+        for fam in (by_index, by_name):
+            x, _ = fam.validate(X, [0, 1])
+            assert x.tolist() == [[3.0, 1.0], [13.0, 11.0]]
+            assert fam.observation_schema()["x"] == 4
+        assert by_name.observation_schema()["x_names"] == names and "x_names" not in by_index.observation_schema()
+        # a NaN in a column the model does not use is still an invalid observation of the stream
+        with pytest.raises(ObservationError) as info:
+            by_index.validate([[0.0, 1.0, NAN, 3.0]], [0])
+        assert (info.value.field, info.value.row) == ("x", 0)
+        with pytest.raises(ObservationError):  # rows must have the stream's width, not the model's
+            by_index.validate([[3.0, 1.0]], [0])
+    # every linear-regression model of the same stream has the same schema whatever its subset
+    schemas = {
+        json.dumps(make_family("linear_regression", {"features": f, "columns": names}).observation_schema())
+        for f in (["age"], ["bmi", "bp"], 4)
+    }
+    assert len(schemas) == 1
+
+
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ({"features": [0, 1]}, "needs `columns`"),
+        ({"features": [0, 4], "columns": 4}, "out of range"),
+        ({"features": ["bmi"], "columns": 3}, "unknown column name"),
+        ({"features": ["xx"], "columns": ["a", "b"]}, "unknown column name 'xx'"),
+        ({"features": [1, "b"], "columns": ["a", "b"]}, "selected twice"),
+        ({"features": 3, "columns": 4}, "list the columns"),
+        ({"features": [0], "columns": ["a", "a"]}, "distinct"),
+        ({"features": []}, "at least 1"),
+    ],
+)
+def test_feature_subset_errors_name_the_field(params, match):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=match) as info:
+        make_family("linear_regression", params)
+    locs = {e["loc"][0] for e in info.value.errors()}
+    assert locs <= {"features", "columns"} and locs, info.value.errors()

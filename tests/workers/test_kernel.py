@@ -224,10 +224,15 @@ def test_posterior_summary_from_a_checkpoint_equals_the_engines(dtype: str) -> N
 @pytest.mark.parametrize(
     "name,params",
     [
-        ("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 2.0}),
-        ("autoregressive", {"order": 3, "noise_std": 0.5, "prior_std": 0.8}),
+        ("linear_regression", {"features": 3, "noise_std": 0.7, "prior_std": 2.0, "weight_location": 0.5}),
+        (
+            "linear_regression",
+            {"features": 3, "noise_std": None, "weight_variance_ratio": 0.4, "intercept_location": 2.0},
+        ),
+        ("autoregressive", {"order": 3, "noise_std": 0.5, "prior_std": 0.8, "coefficient_location": 0.3}),
         ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
         ("gmm", {"dim": 2, "components": 1, "variance_shape": 2.5, "variance_scale": 0.5, "mean_scale": 3.0}),
+        ("gmm", {"dim": 2, "components": 1, "mean_location": -1.5, "mean_variance_ratio": 0.5}),
     ],
 )
 def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
@@ -424,7 +429,12 @@ def test_divergence_is_detected_not_absorbed() -> None:
 
 @pytest.mark.parametrize(
     "name,params",
-    [("linear_regression", {"features": 3, "noise_std": 0.7}), ("autoregressive", {"order": 2, "noise_std": 0.5})],
+    [
+        ("linear_regression", {"features": 3, "noise_std": 0.7}),
+        ("linear_regression", {"features": 3, "noise_std": 0.7, "weight_location": -0.4, "intercept_location": 3.0}),
+        ("autoregressive", {"order": 2, "noise_std": 0.5}),
+        ("autoregressive", {"order": 2, "noise_std": 0.5, "coefficient_location": 0.6, "intercept_location": -1.0}),
+    ],
 )
 def test_quadratic_families_have_the_exact_fisher_diagonal_and_gradient_statistics(name, params) -> None:
     """Linear-Gaussian families: the Fisher diagonal is the exact per-observation sum (no probes), and

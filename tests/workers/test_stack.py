@@ -46,6 +46,15 @@ MODELS = [
     ("gmm-c", "gmm", {"dim": 1, "components": 1, "variance_scale": 0.5}, {"seed": 6, "ess_target": 0.7}, "gmm", 3),
     ("ar-a", "autoregressive", {"order": 1}, {"seed": 7, "reanneal_steps": 2}, "ar", 4),
     ("ar-b", "autoregressive", {"order": 1, "variance_shape": 3.0}, {"seed": 8}, "ar", 4),
+    ("lr-nig-a", "linear_regression", {"features": 3, "noise_std": None}, {"seed": 9}, "lr", 0),
+    (
+        "lr-nig-b",
+        "linear_regression",
+        {"features": 3, "noise_std": None, "weight_variance_ratio": 4.0, "intercept_location": 1.0},
+        {"seed": 10},
+        "lr",
+        1,
+    ),
 ]
 BY_NAME = {m[0]: m for m in MODELS}
 
@@ -94,6 +103,7 @@ def alone() -> dict[str, tuple[list, tuple]]:
         ["lr-b", "lr-a", "lr-c"],  # another order, a different stream and per-model learning rate and burn-in
         ["gmm-c", "gmm-a", "gmm-b"],  # different priors in one stack
         ["ar-b", "ar-a"],  # one re-anneals, the other does not
+        ["lr-nig-b", "lr-nig-a"],  # unknown noise (normal–inverse-gamma), different priors
         [m[0] for m in MODELS],  # three families in one call: three stacks
         list(reversed([m[0] for m in MODELS])),
     ],
