@@ -176,6 +176,17 @@ class CovariateSubset:
         require_x(x, family)
         return as_matrix(x, "x", self.params.stream_columns)
 
+    #: ``{parameter name: axis}``: the axis of each parameter that runs over the model's covariates.
+    covariate_axes: dict[str, int] = {}
+
+    def covariate_labels(self) -> list[str]:
+        """One label per covariate the model uses, in its order: the stream's column name where ``columns``
+        names them, else ``x[i]`` (``i`` the 0-based column of the stream's ``x``)."""
+        p = self.params
+        idx = p.selected if p.selected is not None else list(range(p.stream_columns))
+        names = p.column_names
+        return [names[i] if names is not None else f"x[{i}]" for i in idx]
+
     def validate_stream(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk as the stream stores it (all of its ``x`` columns); :meth:`validate` selects this model's."""
         raise NotImplementedError

@@ -52,6 +52,7 @@ class BNNParams(CovariateParams):
 
 class BayesianNeuralNetwork(CovariateSubset, Family):
     name = "bnn"
+    covariate_axes = {"W0": 1}  # the first layer's weights: [hidden, d]
     prior = "tanh MLP; every weight and bias ~ N(0, prior_std²); gaussian: y ~ N(f(x), noise_std² I)"
     Params = BNNParams
     params: BNNParams

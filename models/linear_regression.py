@@ -70,6 +70,7 @@ class LinearRegressionParams(CovariateParams):
 
 class LinearRegression(CovariateSubset, LinearGaussianStatistics, Family):
     name = "linear_regression"
+    covariate_axes = {"w": 0}
     prior = (
         "y = wᵀx + b + ε, ε ~ N(0, σ²). Known noise (noise_std = σ): w_j ~ N(weight_location, prior_std²), "
         "b ~ N(intercept_location, prior_std²). Unknown noise (noise_std null): σ² ~ InvGamma(variance_shape, "

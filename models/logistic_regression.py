@@ -29,6 +29,7 @@ class LogisticRegressionParams(CovariateParams):
 
 class LogisticRegression(CovariateSubset, Family):
     name = "logistic_regression"
+    covariate_axes = {"W": 1}
     prior = "p(y = k | x) = softmax(W x + b)_k; every entry of W and b ~ N(0, prior_std²)"
     Params = LogisticRegressionParams
     params: LogisticRegressionParams

@@ -197,12 +197,22 @@ class Evidence(BaseModel):
     last_block: Block | None
 
 
+class CovariateNames(BaseModel):
+    axis: int = Field(description="the axis of the parameter that runs over the model's covariates")
+    names: list[str] = Field(
+        description="the stream's column name of each entry along that axis (`params.columns`), else `x[i]`"
+    )
+
+
 class ParameterSummary(BaseModel):
     shape: list[int]
     mean: Any
     std: Any
     q05: Any
     q95: Any
+    covariates: CovariateNames | None = Field(
+        None, description="regression weights: which stream column each entry belongs to (absent otherwise)"
+    )
 
 
 class Posterior(BaseModel):

@@ -263,8 +263,12 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
 
     ``theta: [M, D]`` unconstrained particles, ``log_w: [M]`` their log-weights.  Returns
     ``{"observations", "ess", "parameters": {name: {"shape", "mean", "std", "q05", "q95"}}}``
-    (values nested like the parameter's shape).
+    (values nested like the parameter's shape).  A parameter with an axis over the model's covariates
+    (regression weights) also has ``"covariates": {"axis": a, "names": [...]}``: the stream's column name of
+    each entry along that axis (:meth:`models.base.CovariateSubset.covariate_labels`).
     """
+    axes: dict[str, int] = getattr(family, "covariate_axes", {})
+    labels = family.covariate_labels() if axes else []
     values, _ = family.space.constrain(theta)
     W = torch.softmax(log_w, 0)
     out = {}
@@ -289,6 +293,8 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
             "q05": quantile(0.05).reshape(shape).tolist(),
             "q95": quantile(0.95).reshape(shape).tolist(),
         }
+        if spec.name in axes:
+            out[spec.name]["covariates"] = {"axis": axes[spec.name], "names": labels}
     return {"observations": observations, "ess": float(ess(log_w)), "parameters": out}
 
 

@@ -38,11 +38,13 @@ async def get_trace(
 @router.get(
     "/models/{model}/posterior",
     response_model=Posterior,
+    response_model_exclude_none=True,
     responses={409: {"description": "not yet initialised by a worker"}},
 )
 async def get_posterior(model: Name, r: RedisDep, keys: KeysDep, tenant: TenantDep) -> dict[str, Any]:
-    """Posterior summary of every constrained parameter (weighted mean, std, 5%/95% quantiles), computed
-    from the model's checkpoint when asked (the worker does not compute it for every chunk)."""
+    """Posterior summary of every constrained parameter (weighted mean, std, 5%/95% quantiles; regression
+    weights name the stream column of each entry), computed from the model's checkpoint when asked (the worker
+    does not compute it for every chunk)."""
     state = await store.checkpoint_state(r, keys, tenant, model)
     return await run_in_threadpool(posterior_summary_from_bytes, state)
 

@@ -74,9 +74,13 @@ def test_two_regressions_on_feature_subsets_of_one_stream_match_the_exact_bayes_
     err = (got[a] - got[b]) - (exact[a] - exact[b])
     print(f"log BF {got[a] - got[b]:.3f}, exact {exact[a] - exact[b]:.3f}, error {err:.3f}")
     assert abs(err) < TOL, (got, exact)
-    # the posterior summaries are named after the model's parameters (w over its own features)
-    summary = api.get(f"/v1/models/{a}/posterior").json()
-    assert "noise_variance" in str(summary) and "w" in str(summary)
+    # the posterior summaries name each regression weight by its stream column (issue 14)
+    for m, params in bench.MODELS.items():
+        summary = api.get(f"/v1/models/{m}/posterior").json()["parameters"]
+        assert set(summary) == {"w", "b", "noise_variance"}
+        names = [c if isinstance(c, str) else bench.COLUMNS[c] for c in params["features"]]
+        assert summary["w"]["covariates"] == {"axis": 0, "names": names}
+        assert len(summary["w"]["mean"]) == len(names) and "covariates" not in summary["b"]
 
 
 @pytest.mark.parametrize(
