@@ -1,11 +1,12 @@
 """Golden outputs: trace rows and checkpoint hashes for fixed seeds, every family, recorded once and
 compared bit for bit by ``tests/test_golden.py``.
 
-Two kinds of record, one JSON file each under ``tests/data/golden/``:
+Two kinds of record, one JSON file each under ``tests/data/golden/``, each with the machine kind it was
+recorded on (bit for bit there, to a tight tolerance elsewhere: :mod:`tests.golden.compare`):
 
 - ``engine.json``: per case (every family, small sizes), the :class:`workers.sgais.BlockInfo` fields of
   every block that :class:`workers.engine.ModelEngine` produces on fixed chunks, and the sha256 of the
-  checkpoint bytes (``to_bytes()``) after each chunk;
+  checkpoint bytes (``to_bytes()``) and the sum of each of its tensors after each chunk;
 - ``worker.json``: one end-to-end run through the worker (a real Redis): models created through the API,
   chunks posted, one :class:`workers.worker.Worker` stepped until idle, and the trace rows as stored (every
   field but ``seconds``, a wall-clock time).
@@ -28,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load as st_load
+
+from tests.golden.compare import machine
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden"
 D64 = torch.float64
@@ -75,15 +79,25 @@ def engine_record(family: str, params: dict[str, Any], sampler: dict[str, Any]) 
     from workers.engine import ModelEngine
 
     eng = ModelEngine(family, params, {**SAMPLER, **sampler})
-    blocks, hashes = [], []
+    blocks, hashes, sums = [], [], []
     for x, y in case_chunks(family, params):
         blocks += [info._asdict() for info in eng.update(x, y)]
-        hashes.append(hashlib.sha256(eng.to_bytes()).hexdigest())
-    return {"family": family, "params": params, "sampler": {**SAMPLER, **sampler}, "blocks": blocks, "sha256": hashes}
+        data = eng.to_bytes()
+        hashes.append(hashlib.sha256(data).hexdigest())
+        sums.append({name: float(t.to(torch.float64).sum()) for name, t in sorted(st_load(data).items())})
+    return {
+        "family": family,
+        "params": params,
+        "sampler": {**SAMPLER, **sampler},
+        "blocks": blocks,
+        "sha256": hashes,
+        "checkpoint_sums": sums,
+    }
 
 
 def engine_golden() -> dict[str, Any]:
-    return {name: engine_record(family, params, sampler) for name, family, params, sampler in ENGINE_CASES}
+    out: dict[str, Any] = {"machine": machine()}  # the machine kind the bits were recorded on
+    return out | {name: engine_record(family, params, sampler) for name, family, params, sampler in ENGINE_CASES}
 
 
 WORKER_MODELS = {
@@ -141,7 +155,7 @@ def worker_golden(redis_url: str) -> dict[str, Any]:
             r.delete(*keys)
         r.close()
     traces = {name: [_without_clock(row) for row in rows] for name, rows in traces.items()}
-    return {"models": WORKER_MODELS, "traces": traces, "posterior": posterior, "events": events}
+    return {"models": WORKER_MODELS, "traces": traces, "posterior": posterior, "events": events, "machine": machine()}
 
 
 def _without_clock(body: Any) -> Any:
