@@ -123,7 +123,8 @@ for _, ref in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local cfg = redis.call('GET', key(ARGV[1], t, m))
   if cfg then
     local c = cjson.decode(cfg)
-    local ck = redis.call('HMGET', key(ARGV[2], t, m), 'observations', 'log_evidence', 'chunks', 'last_block', 'status')
+    local ck = redis.call('HMGET', key(ARGV[2], t, m), 'observations', 'log_evidence', 'chunks', 'last_block', 'status',
+      'log_evidence_se')
     local steps, ess, change = '', '', ''
     if ck[4] and ck[4] ~= '' then
       local last = cjson.decode(ck[4])
@@ -134,7 +135,7 @@ for _, ref in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     out[n + 1], out[n + 2], out[n + 3], out[n + 4] = t, m, c['stream'], tostring(c['prior_probability'] or 1)
     out[n + 5], out[n + 6], out[n + 7] = ck[1] or '', ck[2] or '', ck[3] or ''
     out[n + 8], out[n + 9], out[n + 10], out[n + 11] = steps, ess, ck[5] or '', c['family'] or ''
-    out[n + 12] = change
+    out[n + 12], out[n + 13] = change, ck[6] or ''
   end
 end
 return out
@@ -245,8 +246,8 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
     models by ``(tenant, stream)``, in name order."""
     models: list[dict[str, Any]] = []
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    rows = sorted(tuple(flat[i : i + 12]) for i in range(0, len(flat), 12))
-    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family, change in rows:
+    rows = sorted(tuple(flat[i : i + 13]) for i in range(0, len(flat), 13))
+    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family, change, lz_se in rows:
         entry = {
             "tenant": tenant,
             "stream": stream,
@@ -254,6 +255,7 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
             "prior": float(prior),
             "observations": int(obs or 0),
             "log_evidence": float(lz or 0.0),
+            "log_evidence_se": float(lz_se) if lz_se else None,
             "chunks": int(chunks or 0),
             "steps": float(steps) if steps else None,
             "ess": float(ess) if ess else None,
@@ -311,6 +313,12 @@ def _model_families(
         ]
     out = [
         _family("sgais_log_evidence", "running log-evidence (nats)", "gauge", [(p, e["log_evidence"]) for p, e in lab]),
+        _family(
+            "sgais_log_evidence_se",
+            "Monte Carlo standard error of the running log-evidence (nats)",
+            "gauge",
+            [(p, e["log_evidence_se"]) for p, e in lab if e["log_evidence_se"] is not None],
+        ),
         _family(
             "sgais_log_evidence_per_observation",
             "log-evidence per observation (nats)",

@@ -55,6 +55,8 @@ class StackState(NamedTuple):
     anchor : [K, M, D] control-variate anchors (zeros until the first anchoring).
     anchor_grad : [K, M, D] ``Σ_{y∈H} ∇ log p(y|anchor)``.
     posterior_var : [K, D] float64 weighted particle variance at the last annealing step.
+    evidence_var : [K] float64 variance of ``log Ẑ`` (nats²) of the resampling epochs closed so far
+        (:func:`epoch_variance`; the open epoch's part is computed from ``log_w`` when reported).
     """
 
     theta: torch.Tensor
@@ -63,6 +65,7 @@ class StackState(NamedTuple):
     anchor: torch.Tensor
     anchor_grad: torch.Tensor
     posterior_var: torch.Tensor
+    evidence_var: torch.Tensor
 
     def select(self, idx: torch.Tensor) -> StackState:
         return StackState(*(t[idx] for t in self))
@@ -156,7 +159,18 @@ def init(
         raise NumericalError("prior draws are not finite; check the hyperparameters")
     zeros = torch.zeros_like(theta)
     log_w = torch.zeros(theta.shape[:2], dtype=torch.float64, device=device)
-    return StackState(theta, log_w, zeros, zeros.clone(), zeros.clone(), theta.to(torch.float64).var(1))
+    evidence_var = torch.zeros(theta.shape[0], dtype=torch.float64, device=device)
+    return StackState(theta, log_w, zeros, zeros.clone(), zeros.clone(), theta.to(torch.float64).var(1), evidence_var)
+
+
+def epoch_variance(log_w: torch.Tensor) -> torch.Tensor:
+    """Variance (nats²) of the log of one resampling epoch's evidence factor ``mean(exp(log_w))``.
+
+    ``log_w: [..., M]`` the log-weights accumulated since the epoch began with uniform weights → ``[...]``
+    float64, ``Σ w² / (Σ w)² − 1/M = 1/ESS − 1/M`` (:func:`workers.ess.ess`): the particles'
+    sample relative variance of the weight divided by ``M`` (delta method), module docstring "Error bars".
+    """
+    return torch.exp(torch.logsumexp(2 * log_w, -1) - 2 * torch.logsumexp(log_w, -1)) - 1.0 / log_w.shape[-1]
 
 
 def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.Tensor) -> torch.Tensor:
@@ -222,6 +236,7 @@ def tempered_step(
     ess_now = ess(log_w)
     resample = (s.resample_threshold > 0) & (ess_now < s.resample_threshold * M) & ~failed
     theta, velocity, anchor, anchor_grad = state.theta, state.velocity, state.anchor, state.anchor_grad
+    evidence_var = state.evidence_var
     if resample.any():
         rows = resample.nonzero()[:, 0]
         idx = s.resampler([block.generators[k] for k in rows.tolist()], log_w[rows], M)  # [r, M]
@@ -229,11 +244,12 @@ def tempered_step(
         theta, velocity, anchor, anchor_grad = (
             t.index_copy(0, rows, t[rows].gather(1, take)) for t in (theta, velocity, anchor, anchor_grad)
         )
+        evidence_var = evidence_var.index_add(0, rows, epoch_variance(log_w[rows]))  # the epoch closes
         mean = (torch.logsumexp(log_w[rows], -1) - math.log(M))[:, None].expand(-1, M)
         log_w = log_w.index_copy(0, rows, mean.contiguous())
     theta, velocity = _move(block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size)
     failed |= ~torch.isfinite(theta).all(-1).all(-1) | (theta.abs().amax((1, 2)) > DIVERGED)
-    new = StackState(theta, log_w, velocity, anchor, anchor_grad, posterior_var)
+    new = StackState(theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)
     return new, StepInfo(delta, ess_now, resample, failed)
 
 

@@ -174,6 +174,7 @@ def test_ops_endpoints(client):
     text = client.get("/metrics").text
     for name in (
         "sgais_log_evidence{",
+        "sgais_log_evidence_se{",
         "sgais_log_evidence_per_observation{",
         "sgais_model_probability{",
         "sgais_observations_processed{",
