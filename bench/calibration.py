@@ -16,11 +16,13 @@ is too.
 
     python bench/calibration.py                       # gmm and linear regression, n = 500, 2000; 12 seeds
     python bench/calibration.py --ns 500 2000 10000   # and a longer stream
+    python bench/calibration.py --sampler '{"batch_size": 5000}'   # non-default sampler settings
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -61,10 +63,13 @@ def make_case(name: str, n: int, data_seed: int) -> tuple[str, dict[str, Any], t
     raise ValueError(name)
 
 
-def run(name: str, ns: list[int], seeds: int, data_seed: int = 100) -> list[dict[str, Any]]:
-    """One row per n: ``{"model", "n", "mean_err", "std", "rms_se", "ratio", "seconds"}``."""
+def run(
+    name: str, ns: list[int], seeds: int, data_seed: int = 100, sampler: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One row per n: ``{"model", "n", "mean_err", "std", "rms_se", "ratio", "seconds"}``; ``sampler``
+    overrides default settings."""
     family, params, x, y, exact = make_case(name, max(ns), data_seed)
-    engines = [ModelEngine(family, params, {"seed": s}) for s in range(seeds)]
+    engines = [ModelEngine(family, params, {**(sampler or {}), "seed": s}) for s in range(seeds)]
     rows, done, t0 = [], 0, time.perf_counter()
     for n in sorted(ns):
         while done < n:
@@ -99,11 +104,12 @@ def main() -> None:
     ap.add_argument("--ns", nargs="+", type=int, default=[500, 2000])
     ap.add_argument("--seeds", type=int, default=12)
     ap.add_argument("--data-seed", type=int, default=100)
+    ap.add_argument("--sampler", type=json.loads, default={}, help="sampler overrides, e.g. '{\"batch_size\": 5000}'")
     a = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{'model':<18} {'n':>6} {'mean err':>9} {'std':>7} {'RMS SE':>7} {'ratio':>6} {'seconds':>8}", flush=True)
     for name in a.models:
-        for r in run(name, a.ns, a.seeds, a.data_seed):
+        for r in run(name, a.ns, a.seeds, a.data_seed, a.sampler):
             print(
                 f"{r['model']:<18} {r['n']:>6} {r['mean_err']:>+9.3f} {r['std']:>7.3f} {r['rms_se']:>7.3f} "
                 f"{r['ratio']:>6.2f} {r['seconds']:>8.1f}",
