@@ -41,9 +41,10 @@ for linear regression (12 seeds).  A lag-L genealogy version (each window of L r
 the Eve-grouped estimator of Chan & Lai 2013, *Ann. Statist.* 41(6), §3: ``Σ_k S_k² − 1/M`` with ``S_k``
 the weight of the particles descending from particle k at the window's start), which would count the
 correlation left between resampled duplicates by poor mixing, gave the same numbers for L = 3, 4, 6
-(n ≤ 10⁴), so the simpler estimator is kept.  What no particle-based estimator sees is noise common to
-all particles of a model (the mini-batch of a move step is shared by the M particles): the remaining
-undercount at long n is attributed to it (bench/README.md).
+(n ≤ 10⁴), so the simpler estimator is kept.  No particle-based estimator sees noise common to all
+particles of a model (the mini-batch of a move step is shared by its M particles); a 10× larger batch
+moved the gmm ratio from 0.77/0.84/0.97 to 1.17/1.23/0.80 at n = 500/2000/5000 (36 seeds), i.e. no
+stable factor to model at this precision (bench/README.md).
 """
 
 from __future__ import annotations

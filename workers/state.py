@@ -29,7 +29,10 @@ class SGAISState(NamedTuple):
     n_reanneal : history size at the last re-annealing (0 = never; :func:`reanneal`).
     n_change : history size after the last block that marked a change (``reanneal_steps``; 0 = none).
     evidence_var : [] float64 variance of ``log Ẑ`` (nats²) of the resampling epochs closed so far
-        (:func:`workers.sgais.epoch_variance`); :attr:`log_evidence_var` adds the open epoch.
+        (:func:`workers.sgais.epoch_variance`); :attr:`log_evidence_var` adds the open epoch.  The end of
+        the warm-up (:func:`workers.stacking.reduce_particles`) closes an epoch; after a re-annealing merge
+        it is the delta-method variance of ``log((Ẑ_A + Ẑ_B)/2)`` of the two independent runs
+        (:func:`workers.stacking.reanneal`), so the error bar stays that of the reported estimate.
     """
 
     theta: torch.Tensor
