@@ -121,7 +121,7 @@ class SegmentedEngine:
     @property
     def log_evidence_se(self) -> float:
         """Monte Carlo standard error of :attr:`log_evidence` (nats; module docstring)."""
-        return math.sqrt(max(self.offset_var + self.main.state.log_evidence_var, 0.0))  # type: ignore[union-attr]
+        return math.sqrt(max(self.offset_var + self.main._st.log_evidence_var, 0.0))
 
     @property
     def ess(self) -> float:

@@ -369,9 +369,9 @@ def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGA
     )
     # Error bar of the merged log Ẑ = log((Ẑ_A + Ẑ_B)/2): the runs' Monte Carlo errors are independent
     # (disjoint draws), so by the delta method Var = p_A² Var(log Ẑ_A) + p_B² Var(log Ẑ_B), p = Ẑ/(Ẑ_A + Ẑ_B).
-    p = torch.softmax(torch.tensor([state.log_evidence, fresh.state.log_evidence], dtype=torch.float64), 0)
-    v = torch.tensor([state.log_evidence_var, fresh.state.log_evidence_var], dtype=torch.float64)
-    evidence_var = (p**2 * v).sum().to(state.log_w.device)
+    share = torch.softmax(torch.tensor([state.log_evidence, fresh.state.log_evidence], dtype=torch.float64), 0)
+    var_ab = torch.tensor([state.log_evidence_var, fresh.state.log_evidence_var], dtype=torch.float64)
+    evidence_var = (share**2 * var_ab).sum().to(state.log_w.device)
     one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
     floor = torch.minimum(state.posterior_var, fresh.state.posterior_var) / 4
     return state._replace(
