@@ -29,22 +29,23 @@ of ``M`` i.i.d. weights, so, by the delta method,
     Var(log Ẑ_n) ≈ Σ_e Var(w_e)/(M E[w_e]²) ≈ Σ_e (Σ_i W_{e,i}² − 1/M) = Σ_e (1/ESS_e − 1/M),
 
 ``W_e`` the normalised weights at the end of epoch e (just before its resampling; the open epoch uses
-the current weights): the asymptotic variance of the log normalising constant of Bérard, Del Moral &
-Doucet (2014, *Electron. J. Probab.* 19(94), Thm 1.1 and the perfect-mixing expression of their
-§1.3, ``σ² = Σ_p (E_{π_{p−1}}[G_p²]/E_{π_{p−1}}[G_p]² − 1)``, with ``G_p`` the incremental weight),
+the current weights).  This is the variance of the lognormal limit of ``log Ẑ`` (Bérard, Del Moral &
+Doucet 2014, "A lognormal central limit theorem for particle approximations of normalizing constants",
+*Electron. J. Probab.* 19, no. 94) in the perfect-mixing case, ``σ²/M`` with
+``σ² = Σ_p (E_{π_{p−1}}[G_p²]/E_{π_{p−1}}[G_p]² − 1)`` (``G_p`` the incremental weight of step p),
 estimated from the particles with the Σ over steps of one epoch collapsed into its accumulated weight
 (which also makes it valid for moves that do not mix within the epoch: the particles' paths between
 resamplings are independent).  :func:`epoch_variance` is one epoch's term, ``StackState.evidence_var``
-the sum of the closed ones.  Measured (``bench/calibration.py``, ``bench/README.md``): RMS reported SE /
-std of log Ẑ over seeds 0.83–0.95 (36 seeds, gmm, n = 500 and 2000), 0.73 at n = 10⁴ (24 seeds), 0.7–1.4
-for linear regression (12 seeds).  A lag-L genealogy version (each window of L resamplings scored by
-the Eve-grouped estimator of Chan & Lai 2013, *Ann. Statist.* 41(6), §3: ``Σ_k S_k² − 1/M`` with ``S_k``
-the weight of the particles descending from particle k at the window's start), which would count the
-correlation left between resampled duplicates by poor mixing, gave the same numbers for L = 3, 4, 6
-(n ≤ 10⁴), so the simpler estimator is kept.  No particle-based estimator sees noise common to all
-particles of a model (the mini-batch of a move step is shared by its M particles); a 10× larger batch
-moved the gmm ratio from 0.77/0.84/0.97 to 1.17/1.23/0.80 at n = 500/2000/5000 (36 seeds), i.e. no
-stable factor to model at this precision (bench/README.md).
+the sum of the closed ones. Measured (``bench/calibration.py``, ``bench/README.md``): RMS reported SE /
+std of log Ẑ over seeds 0.61–1.05 with 12 seeds and 0.77–1.13 with 36 (gmm and linear regression, n = 500
+to 10⁴; the 12-seed std is itself uncertain by ±21 %). A lag-L genealogy version (each window of L
+resamplings scored by the Eve-grouped estimator of Chan & Lai 2013, *Ann. Statist.* 41(6): ``Σ_k S_k² −
+1/M`` with ``S_k`` the weight of the particles descending from particle k at the window's start), which
+would count the correlation left between resampled duplicates by poor mixing, gave the same numbers for L
+= 3, 4, 6 (n ≤ 10⁴), so the simpler estimator is kept. No particle-based estimator sees noise common to
+all particles of a model (the mini-batch of a move step is shared by its M particles); a 10× larger batch
+moved the gmm ratio from 0.77/0.84/0.97 to 1.17/1.23/0.80 at n = 500/2000/5000 (36 seeds), i.e. no stable
+factor to model at this precision (bench/README.md).
 """
 
 from __future__ import annotations
