@@ -110,7 +110,7 @@ ALERT_KINDS = (
 # by Keys (the placeholders are replaced by plain string functions, never as Lua patterns).
 # ARGV: model key template, checkpoint key template.  Returns per model: tenant, model, stream, prior,
 # observations, log_evidence, chunks, annealing steps and ESS of the last block, status ('' = absent), family,
-# change probability of the last block, params (JSON).
+# change probability of the last block, log-evidence SE, params (JSON).
 _MODELS_LUA = """
 local function key(tpl, t, m)
   local a, b = string.find(tpl, '\\1T', 1, true)
@@ -125,7 +125,8 @@ for _, ref in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local cfg = redis.call('GET', key(ARGV[1], t, m))
   if cfg then
     local c = cjson.decode(cfg)
-    local ck = redis.call('HMGET', key(ARGV[2], t, m), 'observations', 'log_evidence', 'chunks', 'last_block', 'status')
+    local ck = redis.call('HMGET', key(ARGV[2], t, m), 'observations', 'log_evidence', 'chunks', 'last_block', 'status',
+      'log_evidence_se')
     local steps, ess, change = '', '', ''
     if ck[4] and ck[4] ~= '' then
       local last = cjson.decode(ck[4])
@@ -136,7 +137,7 @@ for _, ref in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     out[n + 1], out[n + 2], out[n + 3], out[n + 4] = t, m, c['stream'], tostring(c['prior_probability'] or 1)
     out[n + 5], out[n + 6], out[n + 7] = ck[1] or '', ck[2] or '', ck[3] or ''
     out[n + 8], out[n + 9], out[n + 10], out[n + 11] = steps, ess, ck[5] or '', c['family'] or ''
-    out[n + 12], out[n + 13] = change, cjson.encode(c['params'] or {})
+    out[n + 12], out[n + 13], out[n + 14] = change, ck[6] or '', cjson.encode(c['params'] or {})
   end
 end
 return out
@@ -248,8 +249,8 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
     models by ``(tenant, stream)``, in name order."""
     models: list[dict[str, Any]] = []
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    rows = sorted(tuple(flat[i : i + 13]) for i in range(0, len(flat), 13))
-    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family, change, params in rows:
+    rows = sorted(tuple(flat[i : i + 14]) for i in range(0, len(flat), 14))
+    for tenant, m, stream, prior, obs, lz, chunks, steps, ess, st, family, change, lz_se, params in rows:
         entry = {
             "tenant": tenant,
             "stream": stream,
@@ -257,6 +258,7 @@ def _models(flat: list[str]) -> tuple[list[dict[str, Any]], dict[tuple[str, str]
             "prior": float(prior),
             "observations": int(obs or 0),
             "log_evidence": float(lz or 0.0),
+            "log_evidence_se": float(lz_se) if lz_se else None,
             "chunks": int(chunks or 0),
             "steps": float(steps) if steps else None,
             "ess": float(ess) if ess else None,
@@ -323,6 +325,12 @@ def _model_families(
         ]
     out = [
         _family("sgais_log_evidence", "running log-evidence (nats)", "gauge", [(p, e["log_evidence"]) for p, e in lab]),
+        _family(
+            "sgais_log_evidence_se",
+            "Monte Carlo standard error of the running log-evidence (nats)",
+            "gauge",
+            [(p, e["log_evidence_se"]) for p, e in lab if e["log_evidence_se"] is not None],
+        ),
         _family(
             "sgais_log_evidence_per_observation",
             "log-evidence per observation (nats)",

@@ -193,6 +193,9 @@ class Evidence(BaseModel):
     chunks_processed: int
     chunks_pending: int
     log_evidence: float
+    log_evidence_se: float = Field(
+        0.0, description="Monte Carlo standard error of log_evidence (nats), calibrated over independent seeds"
+    )
     log_evidence_per_observation: float | None
     last_block: Block | None
 

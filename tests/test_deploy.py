@@ -38,6 +38,7 @@ DASHBOARD_PATH = ROOT / "deploy" / "grafana" / "dashboards" / "sgais.json"
 # The metric families the service exports (service helper's contract; see the deploy brief).
 METRICS = {
     "sgais_log_evidence",
+    "sgais_log_evidence_se",
     "sgais_log_evidence_per_observation",
     "sgais_model_probability",
     "sgais_observations_processed",

@@ -15,7 +15,8 @@ condition on ``y_{1..p}``, which cancels).  ``log Ẑ_c`` is read from the model
 context, or a model from before that rule) the comparison conditions on the first count ≥ c where
 every model has one (:func:`next_common_count`), reported as ``conditioned_on``.
 
-Error bars.  The trace rows carry ``log_evidence_se`` (0 until the engine reports it).  The aligned
+Error bars.  The trace rows carry ``log_evidence_se`` (``workers/sgais.py``, "Error bars"; 0 in rows
+written before the engine reported it).  The aligned
 value's error is bounded by ``se_n + se_c`` (the triangle inequality for standard deviations: no
 assumption on the correlation of ``log Ẑ_n`` and ``log Ẑ_c``); models run on independent random
 streams, so ``log_bayes_factor_se = sqrt(se_a² + se_b²)``.

@@ -26,6 +26,7 @@ composition continues bit for bit.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -40,6 +41,7 @@ from workers.settings import SamplerSettings
 from workers.stacking import BlockInfo, Heartbeat, SGAISState, advance_stack, init_state
 
 CHECKPOINT_VERSION = 1
+log = logging.getLogger(__name__)
 
 # Model comparison on the same observations (DESIGN.md §9, API.md "Model comparison") needs every
 # model's running log-evidence at the stream's largest context c (the largest AR order of its models):
@@ -97,6 +99,9 @@ class ModelEngine:
         self.generator = torch.Generator(device=self.settings.torch_device)
         self.generator.manual_seed(self.settings.seed)
         self.observations = 0  # stream values absorbed (including conditioned-on context values)
+        # stream values before the first block whose Monte Carlo error log_evidence_se counts: 0, or the
+        # observations of a checkpoint written before the error bars (CHECKPOINT_VERSION 1 without evidence_var)
+        self.evidence_var_since = 0
         self.state: SGAISState | None = None
         if _init_state:
             self.state = init_state(self.generator, self.family, self.settings)
@@ -132,6 +137,11 @@ class ModelEngine:
         return self._st.log_evidence
 
     @property
+    def log_evidence_se(self) -> float:
+        """Monte Carlo standard error of :attr:`log_evidence` (nats; :attr:`SGAISState.log_evidence_se`)."""
+        return self._st.log_evidence_se
+
+    @property
     def ess(self) -> float:
         return float(ess(self._st.log_w))
 
@@ -157,6 +167,7 @@ class ModelEngine:
             "anchor_grad": s.anchor_grad,
             "posterior_var": s.posterior_var,
             "generator": self.generator.get_state(),
+            "evidence_var": s.evidence_var.reshape(1),
         }
         if s.context is not None:
             tensors["context"] = s.context
@@ -176,6 +187,7 @@ class ModelEngine:
             "blocks": s.blocks,
             "history_seen": s.history.seen,
             "history_included": include_history,
+            "evidence_var_since": self.evidence_var_since,
         }
         # safetensors' numpy writer gives the same bytes as its torch writer, 3x faster on these small tensors
         arrays = {k: v.detach().contiguous().cpu().numpy() for k, v in tensors.items()}
@@ -202,6 +214,17 @@ class ModelEngine:
         t = {k: v.to(device) for k, v in st_load(data).items()}
         eng.generator.set_state(t["generator"].cpu() if device.type == "cpu" else t["generator"])
         eng.observations = header["observations"]
+        if "evidence_var" in t:
+            evidence_var = t["evidence_var"].to(torch.float64).reshape(())
+            eng.evidence_var_since = int(header.get("evidence_var_since", 0))
+        else:  # written before the error bars: the variance of the earlier blocks is unknown, counted as 0
+            evidence_var = torch.zeros((), dtype=torch.float64, device=device)
+            eng.evidence_var_since = eng.observations
+            log.warning(
+                "checkpoint without evidence_var: log_evidence_se counts only the Monte Carlo error after "
+                "observation %d (the earlier blocks' is unknown)",
+                eng.observations,
+            )
         history = History(
             capacity=eng.settings.history_capacity,
             seed=eng.settings.seed,
@@ -232,6 +255,7 @@ class ModelEngine:
             blocks=header["blocks"],
             n_reanneal=header.get("n_reanneal", 0),
             n_change=header.get("n_change", 0),
+            evidence_var=evidence_var,
         )
         return eng
 

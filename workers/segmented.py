@@ -15,6 +15,11 @@ Reported quantities (what the runner stores and the API serves):
   the change points themselves treated as known; no hazard term): the sum of each segment's
   ``log Ẑ``.  With no confirmed change it is the plain running ``log Ẑ``.  At a confirmation it
   jumps by the winner's log Bayes factor (the block's row says ``change_point: true``).
+* ``log_evidence_se``: its Monte Carlo standard error, ``sqrt(offset_var + Var(log Ẑ_main))``.  The
+  segments' estimates come from independent runs (the challengers have their own seeds), so their
+  variances add: ``offset_var`` sums each confirmed segment's ``Var(log Ẑ)`` at its end (the base of
+  the winner, :attr:`workers.state.SGAISState.log_evidence_var` of the population that scored it).
+  The change points themselves are treated as known, as for ``log_evidence``.
 * the checkpoint ``state`` (:meth:`to_bytes`) is the main engine's: the current segment's
   population, so its posterior summary is the posterior of the new segment's parameters.
 
@@ -51,6 +56,8 @@ class Challenger:
     engine: ModelEngine
     absorbed: int = 0  # stream values scored since start
     bases: dict[int, float] = field(default_factory=dict)  # other challengers' log Ẑ' at start, by their start
+    base_var: float = 0.0  # Var(base) (nats²)
+    base_vars: dict[int, float] = field(default_factory=dict)  # Var of each of ``bases``
 
 
 def skip_observations(chunks: Iterable[tuple[Any, Any]], k: int) -> Iterator[tuple[Any, Any]]:
@@ -81,6 +88,7 @@ class SegmentedEngine:
         self.seed = main.settings.seed  # the model's seed (challenger seeds derive from it)
         self.skipped = 0  # stream values before the main engine's first absorbed one
         self.offset = 0.0  # log-evidence of the stream before the current segment (nats)
+        self.offset_var = 0.0  # its Monte Carlo variance (nats²)
         self.state = cp.initial_state(0, self.cp)
         self.challengers: list[Challenger] = []
         self.context: list[list[Any]] = []  # the last context_size stream rows [x, y] (x None w/o covariates)
@@ -111,6 +119,11 @@ class SegmentedEngine:
         return self.offset + self.main.log_evidence
 
     @property
+    def log_evidence_se(self) -> float:
+        """Monte Carlo standard error of :attr:`log_evidence` (nats; module docstring)."""
+        return math.sqrt(max(self.offset_var + self.main._st.log_evidence_var, 0.0))
+
+    @property
     def ess(self) -> float:
         return self.main.ess
 
@@ -130,10 +143,11 @@ class SegmentedEngine:
         for s in range(0, y.shape[0], size):
             xb, yb = (x[s : s + size] if x is not None else None), y[s : s + size]
             first, lz_prev = self.observations, self.main.log_evidence
+            var_prev = self.main._st.log_evidence_var
             (info,) = self.main.update(xb, yb, validated=True, heartbeat=heartbeat)
             if self.cp.enabled:
-                self._after_block(first, xb, yb, info, lz_prev, heartbeat)
-            infos.append(info._replace(log_evidence=self.log_evidence))
+                self._after_block(first, xb, yb, info, (lz_prev, var_prev), heartbeat)
+            infos.append(info._replace(log_evidence=self.log_evidence, log_evidence_se=self.log_evidence_se))
         return infos
 
     def take_alerts(self) -> list[dict[str, Any]]:
@@ -147,7 +161,9 @@ class SegmentedEngine:
             over["burn_in"] = self.cp.burn_in
         return self.main.settings.model_copy(update=over).model_dump()
 
-    def _spawn(self, first: int, xb, yb, lz_prev: float, before: dict[int, float], heartbeat) -> Challenger:
+    def _spawn(
+        self, first: int, xb, yb, prev: tuple[float, float], before: dict[int, tuple[float, float]], heartbeat
+    ) -> Challenger:
         seed = cp.challenger_seed(self.seed, first)
         eng = ModelEngine(self.family.name, self.family.params.model_dump(), self._sampler(seed))
         ctx = self.context
@@ -155,13 +171,16 @@ class SegmentedEngine:
             cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
             eng.update(cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64), validated=True)
         eng.update(xb, yb, validated=True, heartbeat=heartbeat)
-        return Challenger(first, first - len(ctx), lz_prev, seed, eng, int(yb.shape[0]), dict(before))
+        bases = {k: v[0] for k, v in before.items()}
+        base_vars = {k: v[1] for k, v in before.items()}
+        return Challenger(first, first - len(ctx), prev[0], seed, eng, int(yb.shape[0]), bases, prev[1], base_vars)
 
-    def _after_block(self, first: int, xb, yb, info, lz_prev: float, heartbeat) -> None:
+    def _after_block(self, first: int, xb, yb, info, prev: tuple[float, float], heartbeat) -> None:
+        """``prev``: the main population's ``(log Ẑ, Var log Ẑ)`` before the block."""
         n = int(yb.shape[0])
         last = first + n - 1
         lz = self.main.log_evidence
-        before = {c.start: c.engine.log_evidence for c in self.challengers}
+        before = {c.start: (c.engine.log_evidence, c.engine._st.log_evidence_var) for c in self.challengers}
         # every challenger absorbs the block in one stacked update (same family and block; each model's bits
         # are those it gets alone, workers.stacking.advance_stack)
         engines = [c.engine for c in self.challengers]
@@ -178,7 +197,7 @@ class SegmentedEngine:
         if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
             if heartbeat is not None:
                 heartbeat()
-            self.challengers.append(self._spawn(first, xb, yb, lz_prev, before, heartbeat))
+            self.challengers.append(self._spawn(first, xb, yb, prev, before, heartbeat))
             self.started += 1
             spawned = len(self.challengers) - 1
         self._remember_context(xb, yb)
@@ -200,6 +219,7 @@ class SegmentedEngine:
         live = {c.start for c in self.challengers}
         for c in self.challengers:
             c.bases = {s: v for s, v in c.bases.items() if s in live}
+            c.base_vars = {s: v for s, v in c.base_vars.items() if s in live}
 
     def _confirm(self, win: Challenger, probability: float, log_bf: float, last: int) -> None:
         """``win`` becomes the main population of a segment starting at ``win.start``."""
@@ -219,6 +239,7 @@ class SegmentedEngine:
         )
         self.last_block["change_point"] = True
         self.offset += win.base
+        self.offset_var += win.base_var
         self.skipped = win.skip
         # the new segment's population keeps the model's sampler settings (its own seed)
         win.engine.settings = self.main.settings.model_copy(update={"seed": win.seed})
@@ -226,6 +247,7 @@ class SegmentedEngine:
         rest = [c for c in self.challengers if c.start > win.start and win.start in c.bases]
         for c in rest:
             c.base = c.bases.pop(win.start)
+            c.base_var = c.base_vars.pop(win.start, 0.0)
         self.challengers = rest
         self.state = cp.initial_state(win.start, self.cp)
 
@@ -246,6 +268,7 @@ class SegmentedEngine:
             "seed": self.seed,
             "skipped": self.skipped,
             "offset": self.offset,
+            "offset_var": self.offset_var,
             "state": self.state,
             "context": self.context,
             "last_block": self.last_block,
@@ -258,6 +281,8 @@ class SegmentedEngine:
                     "seed": c.seed,
                     "absorbed": c.absorbed,
                     "bases": [[s, v] for s, v in c.bases.items()],
+                    "base_var": c.base_var,
+                    "base_vars": [[s, v] for s, v in c.base_vars.items()],
                     "size": len(b),
                 }
                 for c, b in zip(self.challengers, blobs, strict=True)
@@ -294,11 +319,18 @@ class SegmentedEngine:
         self.seed, self.skipped, self.offset = header["seed"], header["skipped"], header["offset"]
         self.state, self.context, self.last_block = header["state"], header["context"], header["last_block"]
         self.started = header.get("started", 0)
+        self.offset_var = header.get("offset_var", 0.0)  # 0 (unknown) in checkpoints from before the error bars
         pos = 8 + n
         for c in header["challengers"]:
             blob = changepoints[pos : pos + c["size"]]
             pos += c["size"]
             eng = ModelEngine.from_bytes(blob, history_blocks=skip_observations(replay(), c["skip"]))
             bases = {int(s): float(v) for s, v in c["bases"]}
-            self.challengers.append(Challenger(c["start"], c["skip"], c["base"], c["seed"], eng, c["absorbed"], bases))
+            base_vars = {int(s): float(v) for s, v in c.get("base_vars", [])}
+            self.challengers.append(
+                Challenger(
+                    c["start"], c["skip"], c["base"], c["seed"], eng, c["absorbed"], bases, c.get("base_var", 0.0),
+                    base_vars,
+                )
+            )  # fmt: skip
         return self

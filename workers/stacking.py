@@ -75,7 +75,7 @@ def init_state(generator: torch.Generator, family: Family, settings: SamplerSett
     history = History(capacity=settings.history_capacity, seed=settings.seed, dtype=dtype, device=device)
     return SGAISState(
         st.theta[0], st.log_w[0], st.velocity[0], st.anchor[0], st.anchor_grad[0], 0, st.posterior_var[0],
-        history, None, 0,
+        history, None, 0, evidence_var=st.evidence_var[0],
     )  # fmt: skip
 
 
@@ -146,7 +146,8 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
         if yr.shape[0] == 0:  # every value went into the conditioning context
             m.state = st._replace(context=context, blocks=st.blocks + 1)
             m.observations += y.shape[0]
-            out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, float(ess(st.log_w)), False, False)
+            out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, float(ess(st.log_w)), False, False,
+                               log_evidence_se=st.log_evidence_se)  # fmt: skip
             continue
         pending.append(_before_block(i, m, st, xr, yr, context)._replace(raw=y.shape[0]))
     groups: dict[tuple[Any, ...], list[_Pending]] = {}
@@ -266,6 +267,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
                 resampled=stats.resampled[k],
                 guard_tripped=stats.guard_tripped[k],
                 reannealed=reannealed,
+                log_evidence_se=st.log_evidence_se,
             )
         )
     return out
@@ -308,7 +310,8 @@ def reduce_particles(generator: torch.Generator, state: SGAISState, M: int) -> S
 
     ``M`` ancestors are drawn systematically from the weighted particles and every new log-weight
     is the log of the old mean weight, so ``Ẑ = mean(w)`` is unchanged and stays unbiased (the
-    same argument as resampling, thesis §3.4).
+    same argument as resampling, thesis §3.4).  The warm-up epoch closes: its
+    :func:`~workers.sgais.epoch_variance` joins ``evidence_var``.
     """
     log_w = state.log_w
     idx = systematic_resample(generator, log_w, M)
@@ -319,6 +322,7 @@ def reduce_particles(generator: torch.Generator, state: SGAISState, M: int) -> S
         anchor=state.anchor[idx],
         anchor_grad=state.anchor_grad[idx],
         log_w=log_mean.expand(M).clone(),
+        evidence_var=state.evidence_var + sgais.epoch_variance(log_w),
     )
 
 
@@ -363,6 +367,11 @@ def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGA
         (state.theta, state.velocity, state.log_w),
         (fresh.state.theta, fresh.state.velocity, fresh.state.log_w),
     )
+    # Error bar of the merged log Ẑ = log((Ẑ_A + Ẑ_B)/2): the runs' Monte Carlo errors are independent
+    # (disjoint draws), so by the delta method Var = p_A² Var(log Ẑ_A) + p_B² Var(log Ẑ_B), p = Ẑ/(Ẑ_A + Ẑ_B).
+    share = torch.softmax(torch.tensor([state.log_evidence, fresh.state.log_evidence], dtype=torch.float64), 0)
+    var_ab = torch.tensor([state.log_evidence_var, fresh.state.log_evidence_var], dtype=torch.float64)
+    evidence_var = (share**2 * var_ab).sum().to(state.log_w.device)
     one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
     floor = torch.minimum(state.posterior_var, fresh.state.posterior_var) / 4
     return state._replace(
@@ -374,6 +383,7 @@ def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGA
         n_anchor=n,
         posterior_var=sgais.weighted_variance(theta[None], log_w[None], floor=floor[None])[0],
         n_reanneal=n,
+        evidence_var=evidence_var,
     )
 
 

@@ -28,6 +28,11 @@ class SGAISState(NamedTuple):
     blocks : number of blocks absorbed.
     n_reanneal : history size at the last re-annealing (0 = never; :func:`reanneal`).
     n_change : history size after the last block that marked a change (``reanneal_steps``; 0 = none).
+    evidence_var : [] float64 variance of ``log Ẑ`` (nats²) of the resampling epochs closed so far
+        (:func:`workers.sgais.epoch_variance`); :attr:`log_evidence_var` adds the open epoch.  The end of
+        the warm-up (:func:`workers.stacking.reduce_particles`) closes an epoch; after a re-annealing merge
+        it is the delta-method variance of ``log((Ẑ_A + Ẑ_B)/2)`` of the two independent runs
+        (:func:`workers.stacking.reanneal`), so the error bar stays that of the reported estimate.
     """
 
     theta: torch.Tensor
@@ -42,6 +47,7 @@ class SGAISState(NamedTuple):
     blocks: int
     n_reanneal: int = 0
     n_change: int = 0
+    evidence_var: torch.Tensor = torch.zeros((), dtype=torch.float64)
 
     @property
     def n(self) -> int:
@@ -52,6 +58,19 @@ class SGAISState(NamedTuple):
     def log_evidence(self) -> float:
         """``log Ẑ_n`` (nats), thesis eq. 4.6."""
         return float(torch.logsumexp(self.log_w, 0) - math.log(self.log_w.shape[0]))
+
+    @property
+    def log_evidence_var(self) -> float:
+        """Estimated Monte Carlo variance of ``log Ẑ_n`` (nats²): the closed epochs' ``evidence_var``
+        plus the open epoch's :func:`workers.sgais.epoch_variance` of ``log_w``."""
+        from workers.sgais import epoch_variance
+
+        return float(self.evidence_var + epoch_variance(self.log_w))
+
+    @property
+    def log_evidence_se(self) -> float:
+        """Monte Carlo standard error of ``log Ẑ_n`` (nats), ``sqrt(log_evidence_var)``."""
+        return math.sqrt(max(self.log_evidence_var, 0.0))
 
 
 class BlockInfo(NamedTuple):
@@ -65,6 +84,7 @@ class BlockInfo(NamedTuple):
     resampled: bool  # resampled at least once in this block
     guard_tripped: bool  # max_annealing_steps reached; the rest of the block was taken in one increment
     reannealed: bool = False  # the population was merged with a re-annealing over the history (reanneal)
+    log_evidence_se: float = 0.0  # Monte Carlo standard error of log_evidence (nats), SGAISState.log_evidence_se
 
 
 class Model(Protocol):

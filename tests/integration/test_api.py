@@ -87,6 +87,8 @@ def test_chunks_evidence_trace_posterior(client):
     assert strip(trace) == strip(reference_trace({"name": "a", **SMALL_MODEL}, chunks))
     assert ev["observations"] == 900 and ev["chunks_processed"] == 3 and ev["chunks_pending"] == 0
     assert ev["log_evidence"] == trace[-1]["log_evidence"]
+    # the error bar flows from the engine to the evidence resource and the trace (issue 10 §2)
+    assert ev["log_evidence_se"] == trace[-1]["log_evidence_se"] > 0
     assert ev["log_evidence_per_observation"] == pytest.approx(ev["log_evidence"] / 900)
     assert ev["last_block"]["first_index"] == 600 and ev["last_block"]["observations"] == 300
 
@@ -108,6 +110,9 @@ def test_chunks_evidence_trace_posterior(client):
     assert math.log(p["b"] / p["a"]) == pytest.approx(math.log(3.0) + lz["b"] - lz["a"], abs=1e-9)
     best = max(sp["models"], key=lambda m: m["probability"])
     assert best["log_bayes_factor"] == 0.0
+    other = min(sp["models"], key=lambda m: m["probability"])
+    assert other["log_bayes_factor_se"] == pytest.approx(math.hypot(other["log_evidence_se"], best["log_evidence_se"]))
+    assert all(m["log_evidence_se"] > 0 for m in sp["models"])
     assert {m["model"]: m["log_bayes_factor"] for m in sp["models"]} == {m: lz[m] - best["log_evidence"] for m in lz}
 
 
@@ -184,6 +189,7 @@ def test_ops_endpoints(client):
     text = client.get("/metrics").text
     for name in (
         "sgais_log_evidence{",
+        "sgais_log_evidence_se{",
         "sgais_log_evidence_per_observation{",
         "sgais_model_probability{",
         "sgais_observations_processed{",

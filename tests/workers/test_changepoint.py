@@ -90,7 +90,11 @@ def test_detects_a_mean_shift_and_restarts_bit_identically():
             a2 += restored.take_alerts()
             p2.append(restored.last_block["change_probability"])
         assert restored.log_evidence == straight.log_evidence
+        assert restored.log_evidence_se == straight.log_evidence_se
         assert a1 + a2 == alerts and p1 + p2 == probs
+    # after the swap the error bar adds the closed segment's variance (independent runs) to the new one's
+    assert straight.offset_var > 0
+    assert straight.log_evidence_se**2 == pytest.approx(straight.offset_var + straight.main._st.log_evidence_var)
 
 
 def test_old_checkpoint_without_challengers_restores():

@@ -78,7 +78,7 @@ async def ingest(
     }
 
 
-CKPT_FIELDS = ("chunks", "observations", "log_evidence", "last_block", "status", "error")
+CKPT_FIELDS = ("chunks", "observations", "log_evidence", "log_evidence_se", "last_block", "status", "error")
 
 
 async def list_models(r: aioredis.Redis, keys: Keys, tenant: str) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ def evidence_body(model: str, stream: str, ckpt: dict[str, str] | None, stream_c
             "chunks_processed": 0,
             "chunks_pending": stream_chunks,
             "log_evidence": 0.0,
+            "log_evidence_se": 0.0,
             "log_evidence_per_observation": None,
             "last_block": None,
         }
@@ -63,6 +64,8 @@ def evidence_body(model: str, stream: str, ckpt: dict[str, str] | None, stream_c
         "chunks_processed": chunks,
         "chunks_pending": max(stream_chunks - chunks, 0),
         "log_evidence": lz,
+        # Monte Carlo standard error (nats); 0.0 in checkpoints written before the engine reported it
+        "log_evidence_se": float(ckpt.get("log_evidence_se") or 0.0),
         "log_evidence_per_observation": lz / obs if obs else None,
         "last_block": json.loads(ckpt["last_block"]) if ckpt.get("last_block") else None,
     }
@@ -77,6 +80,7 @@ def evidence_event_members(model: str, stream: str, row: dict[str, Any], chunks:
         "chunks": chunks,
         "observations": row["observations"],
         "log_evidence": row["log_evidence"],
+        "log_evidence_se": row.get("log_evidence_se", 0.0),
         "last_block": json.dumps(block_of(row)),
         "status": "ok",
     }
@@ -106,8 +110,8 @@ def trace_row(info: Any, *, seq: int, first_index: int, block_observations: int,
         "observations": first_index + block_observations,
     }
     row.update({k: getattr(info, k) for k in BLOCK_FIELDS})
-    # Monte Carlo standard error of log_evidence (nats); 0 until the engine reports it
-    row["log_evidence_se"] = float(getattr(info, "log_evidence_se", 0.0))
+    # Monte Carlo standard error of log_evidence (nats), workers.state.SGAISState.log_evidence_se
+    row["log_evidence_se"] = float(info.log_evidence_se)
     row["seconds"] = seconds
     return row
 

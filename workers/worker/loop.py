@@ -249,6 +249,7 @@ class Worker(quarantine.QuarantineHooks):
             "chunks": seq,
             "observations": eng.observations,
             "log_evidence": repr(eng.log_evidence),
+            "log_evidence_se": repr(eng.log_evidence_se),
             "detector": json.dumps(h.detector),
             "last_block": json.dumps(records.block_of(rows[-1])) if rows else "",
             "status": "ok",
