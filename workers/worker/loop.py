@@ -63,6 +63,7 @@ class Worker(quarantine.QuarantineHooks):
         self.beat_seconds = min(settings.lease_ttl_seconds / 3, settings.heartbeat_seconds)
         self._beat_at = self._scan_at = 0.0
         self._heartbeat: Heartbeat | None = None
+        self._raise_lost = False  # advance(): a lost lease is raised to the caller instead of handled
 
     @property
     def held(self) -> dict[str, Held]:
@@ -189,8 +190,18 @@ class Worker(quarantine.QuarantineHooks):
 
     # ----- absorbing --------------------------------------------------------------------------
     def advance(self, h: Held) -> bool:
-        """Absorb up to ``read_batch`` chunks past one model's cursor (:meth:`advance_many` of it alone)."""
-        return self.advance_many([h])
+        """Absorb up to ``read_batch`` chunks past one model's cursor (:meth:`advance_many` of it alone).
+
+        Raises
+        ------
+        LeaseLost
+            The lease was lost (``blocks``: the blocks computed and not committed); nothing was written.
+        """
+        self._raise_lost = True
+        try:
+            return self.advance_many([h])
+        finally:
+            self._raise_lost = False
 
     def advance_many(self, models: list[Held]) -> bool:
         """Absorb up to ``read_batch`` chunks past each model's cursor, the models advancing together (issue 9
@@ -231,6 +242,9 @@ class Worker(quarantine.QuarantineHooks):
         """Work on ``h`` raised ``err``: a lost lease drops the model (:meth:`lose`), any other model failure
         goes to quarantine (:meth:`model_failed`); Redis outages are re-raised (the loop retries)."""
         if isinstance(err, LeaseLost):
+            self.model_failed(h, err)  # gives the attempt back
+            if self._raise_lost:
+                raise err
             self.lose(h, retried_blocks=err.blocks)
             return
         if not self.model_failed(h, err):
