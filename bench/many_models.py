@@ -105,6 +105,7 @@ def part_gmm(base: str, tag: str, n_models: int, n_chunks: int, changepoints: bo
     def fn(i: int) -> dict:
         return gmm_model(i, changepoints)
 
+    service_run(base, f"warm-{tag}", data[:3], 1, in_flight=1, model_fn=fn)  # the worker's lazy imports
     t_one, _ = service_run(base, f"one-{tag}", data, 1, in_flight=1, model_fn=fn)
     t_many, _ = service_run(base, f"many-{tag}", data, n_models, in_flight=1, model_fn=fn)
     y = [v for c in data for v in c["y"]]
