@@ -236,6 +236,10 @@ class Worker(quarantine.QuarantineHooks):
             done = set(self.absorb_round(batch))
             active = [h for h in active if h.ref in done]
             r += 1
+        if self.stop.is_set():  # stopped between rounds: the attempts not used up are given back
+            for h in active:
+                with contextlib.suppress(redis.RedisError):
+                    self.end_attempt(h)
         return any(pending.values())
 
     def failed(self, h: Held, err: Exception) -> None:
