@@ -26,9 +26,11 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     MKL takes another path (gemv) for a single product with one output column, so ``K = 1`` and
     ``K ≥ 2`` would differ in the last bits; with any of ``m, k, n`` equal to 1 the product is
-    computed elementwise instead (measured: ``tests/workers/test_stack.py``).
+    computed elementwise instead (measured: ``tests/workers/test_stack.py``).  So is a small product
+    (``m·n ≤ 36``, e.g. the ``ZᵀZ`` statistics of a quadratic family): MKL's batched product of such
+    matrices with a long inner dimension (``k`` ≳ 100) depends on the slice's position in the batch.
     """
-    if min(a.shape[-2], a.shape[-1], b.shape[-1]) == 1:
+    if min(a.shape[-2], a.shape[-1], b.shape[-1]) == 1 or a.shape[-2] * b.shape[-1] <= 36:
         return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)
     return torch.bmm(a, b)
 

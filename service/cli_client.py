@@ -323,8 +323,15 @@ def demo(
         None, "--url", envvar="SGAIS_DEMO_URL", help="use a running service instead of starting one"
     ),
     api_key: str | None = API_KEY,
+    timeout: float = typer.Option(
+        55.0,
+        "--timeout",
+        help="seconds (after the service starts) before reporting what is done; exit code 1 if incomplete",
+    ),
 ) -> None:
     """Run competing models on river's seven change-point series through the service; write plots."""
     from service.demo import run_demo
 
-    run_demo(out, quick=quick, url=url, api_key=api_key, console=console)
+    result = run_demo(out, quick=quick, url=url, api_key=api_key, console=console, timeout=timeout)
+    if result["missing"]:
+        raise typer.Exit(1)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch
 from workers import changepoint as cp
 from workers.engine import ModelEngine
 from workers.stacking import advance_stack
+from workers.state import BlockInfo
 
 FORMAT = 1
 
@@ -69,6 +70,88 @@ def skip_observations(chunks: Iterable[tuple[Any, Any]], k: int) -> Iterator[tup
             continue
         yield (x[k:] if x is not None else None), y[k:]
         k = 0
+
+
+@dataclass
+class _Step:
+    """One block of one :class:`SegmentedEngine` in :func:`advance_blocks`."""
+
+    seg: SegmentedEngine
+    first: int  # stream index of the block's first value
+    xb: Any
+    yb: Any
+    lz_prev: float  # the main population's log Ẑ before the block (nats)
+    var_prev: float  # its Var(log Ẑ) (nats²)
+    jobs: list[ModelEngine] = field(default_factory=list)  # the populations absorbing the block, main first
+    before: dict[int, float] = field(default_factory=dict)  # challengers' log Ẑ before the block, by start
+    before_var: dict[int, float] = field(default_factory=dict)  # their Var(log Ẑ) (nats²)
+    spawn: Challenger | None = None  # a challenger started at this block
+    info: BlockInfo | None = None  # the main population's
+    value: float = math.nan  # its per-observation log-predictive (nats)
+
+
+def advance_blocks(
+    engines: Sequence[SegmentedEngine],
+    blocks: Sequence[tuple[Any, Any]],
+    *,
+    heartbeat: Callable[[], None] | None = None,
+) -> list[BlockInfo | Exception]:
+    """Absorb one validated block ``blocks[i] = (x: [B, d] | None, y: [B, ...])`` (``B ≤ block_size``) into
+    each ``engines[i]``: every main population and every challenger of every engine in ONE
+    :func:`~workers.stacking.advance_stack` call (models of one stack key share one kernel call), then the
+    challengers that a drop of the log-predictive starts at this block in a second one.
+
+    Each population's bits are those it gets alone (``advance_stack``), so engine ``i`` ends exactly as
+    ``engines[i].update(*blocks[i])`` alone would leave it.  The result of engine ``i`` is its block's
+    :class:`BlockInfo` (``log_evidence`` the reported one), or the exception that stopped it (a
+    :class:`~workers.sgais.NumericalError` of its main population or of a challenger); the others are
+    unaffected.  A failed engine is to be discarded (its populations that did absorb the block keep it).
+    """
+    steps: list[_Step | None] = []
+    out: list[BlockInfo | Exception | None] = [None] * len(engines)
+    for k, (seg, (xb, yb)) in enumerate(zip(engines, blocks, strict=True)):
+        try:  # a failure of one engine before the stacked call is that engine's result
+            steps.append(seg._before_block(seg.observations, xb, yb))
+        except Exception as err:
+            steps.append(None)
+            out[k] = err
+    live = [(k, st) for k, st in enumerate(steps) if st is not None]
+    _stacked([(k, st, e) for k, st in live for e in st.jobs], out, heartbeat)
+    spawns: list[tuple[int, _Step, ModelEngine]] = []
+    for k, st in live:
+        info = out[k]
+        if isinstance(info, BlockInfo) and st.seg.cp.enabled:
+            try:
+                c = st.seg._after_main(st, info)
+            except Exception as err:
+                out[k] = err
+                continue
+            if c is not None:
+                spawns.append((k, st, c.engine))
+    _stacked(spawns, out, heartbeat)
+    for k, st in live:
+        info = out[k]
+        if isinstance(info, BlockInfo):
+            try:
+                if st.seg.cp.enabled:
+                    st.seg._after_block(st)
+                out[k] = info._replace(log_evidence=st.seg.log_evidence, log_evidence_se=st.seg.log_evidence_se)
+            except Exception as err:
+                out[k] = err
+    assert all(v is not None for v in out)
+    return out  # type: ignore[return-value]
+
+
+def _stacked(jobs: list[tuple[int, _Step, ModelEngine]], out: list[Any], heartbeat: Callable[[], None] | None) -> None:
+    """One :func:`advance_stack` call over ``jobs`` (engine ``k``'s step, a population absorbing its block):
+    ``out[k]`` becomes the first error of engine ``k``'s populations, else its main population's BlockInfo."""
+    results = advance_stack([e for _, _, e in jobs], [(st.xb, st.yb) for _, st, _ in jobs],
+                            validated=True, heartbeat=heartbeat)  # fmt: skip
+    for (k, st, e), res in zip(jobs, results, strict=True):
+        if isinstance(res, Exception):
+            out[k] = out[k] if isinstance(out[k], Exception) else res
+        elif e is st.seg.main and out[k] is None:
+            out[k] = res[0]
 
 
 class SegmentedEngine:
@@ -135,19 +218,24 @@ class SegmentedEngine:
 
     def update(self, x: Any, y: Any, *, validated: bool = False, heartbeat: Callable[[], None] | None = None):
         """As :meth:`ModelEngine.update`; each BlockInfo's ``log_evidence`` is the reported one, and
-        ``last_block`` / :meth:`take_alerts` give the block's change posterior and alerts."""
+        ``last_block`` / :meth:`take_alerts` give the block's change posterior and alerts.
+
+        Raises
+        ------
+        workers.sgais.NumericalError
+            From the main population or a challenger (the engine is then to be discarded: the populations
+            that did absorb the block keep it).
+        """
         if not validated:
             x, y = self.family.validate(x, y)
         infos = []
         size = self.settings.block_size
         for s in range(0, y.shape[0], size):
             xb, yb = (x[s : s + size] if x is not None else None), y[s : s + size]
-            first, lz_prev = self.observations, self.main.log_evidence
-            var_prev = self.main._st.log_evidence_var
-            (info,) = self.main.update(xb, yb, validated=True, heartbeat=heartbeat)
-            if self.cp.enabled:
-                self._after_block(first, xb, yb, info, (lz_prev, var_prev), heartbeat)
-            infos.append(info._replace(log_evidence=self.log_evidence, log_evidence_se=self.log_evidence_se))
+            (info,) = advance_blocks([self], [(xb, yb)], heartbeat=heartbeat)
+            if isinstance(info, Exception):
+                raise info
+            infos.append(info)
         return infos
 
     def take_alerts(self) -> list[dict[str, Any]]:
@@ -161,47 +249,62 @@ class SegmentedEngine:
             over["burn_in"] = self.cp.burn_in
         return self.main.settings.model_copy(update=over).model_dump()
 
-    def _spawn(
-        self, first: int, xb, yb, prev: tuple[float, float], before: dict[int, tuple[float, float]], heartbeat
-    ) -> Challenger:
+    def _before_block(self, first: int, xb, yb) -> _Step:
+        """The block's jobs before any population moves: the main population, every challenger, and a
+        challenger started here by the geometric grid (it absorbs the block with the others)."""
+        step = _Step(self, first, xb, yb, self.main.log_evidence, self.main._st.log_evidence_var)
+        step.jobs.append(self.main)
+        if not self.cp.enabled:
+            return step
+        step.before = {c.start: c.engine.log_evidence for c in self.challengers}
+        step.before_var = {c.start: c.engine._st.log_evidence_var for c in self.challengers}
+        step.jobs += [c.engine for c in self.challengers]
+        if first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first):
+            step.spawn = self._new_challenger(first, step)
+            step.jobs.append(step.spawn.engine)
+        return step
+
+    def _after_main(self, step: _Step, info: BlockInfo) -> Challenger | None:
+        """After the main population and the challengers absorbed the block: a challenger to start at a block
+        whose log-predictive dropped (``spawn_z``; it absorbs the block in a second stacked call), or None."""
+        step.info = info
+        for c in self.challengers:
+            c.absorbed += int(step.yb.shape[0])
+        rows = info.observations
+        step.value = info.log_predictive / rows if rows > 0 else math.nan
+        z = cp.drop_score(self.state, self.cp, step.value, rows)
+        if step.spawn is None and step.first > self.state["segment_start"] and z >= self.cp.spawn_z:
+            step.spawn = self._new_challenger(step.first, step)
+            return step.spawn
+        return None
+
+    def _new_challenger(self, first: int, step: _Step) -> Challenger:
+        """A fresh challenger started at ``first`` (the conditioned-on context absorbed; the block not yet); its
+        bases are the main population's and the other challengers' log Ẑ before ``step``'s block."""
         seed = cp.challenger_seed(self.seed, first)
         eng = ModelEngine(self.family.name, self.family.params.model_dump(), self._sampler(seed))
         ctx = self.context
         if ctx:  # the conditioned-on values before `first` (autoregressive): no likelihood rows
             cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
             eng.update(cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64), validated=True)
-        eng.update(xb, yb, validated=True, heartbeat=heartbeat)
-        bases = {k: v[0] for k, v in before.items()}
-        base_vars = {k: v[1] for k, v in before.items()}
-        return Challenger(first, first - len(ctx), prev[0], seed, eng, int(yb.shape[0]), bases, prev[1], base_vars)
+        return Challenger(
+            first, first - len(ctx), step.lz_prev, seed, eng, 0, dict(step.before), step.var_prev, dict(step.before_var)
+        )
 
-    def _after_block(self, first: int, xb, yb, info, prev: tuple[float, float], heartbeat) -> None:
-        """``prev``: the main population's ``(log Ẑ, Var log Ẑ)`` before the block."""
-        n = int(yb.shape[0])
-        last = first + n - 1
+    def _after_block(self, step: _Step) -> None:
+        """The change posterior after every population absorbed the block: alerts, confirmation, pruning."""
+        xb, yb, n = step.xb, step.yb, int(step.yb.shape[0])
+        last = step.first + n - 1
         lz = self.main.log_evidence
-        before = {c.start: (c.engine.log_evidence, c.engine._st.log_evidence_var) for c in self.challengers}
-        # every challenger absorbs the block in one stacked update (same family and block; each model's bits
-        # are those it gets alone, workers.stacking.advance_stack)
-        engines = [c.engine for c in self.challengers]
-        for result in advance_stack(engines, [(xb, yb)] * len(engines), validated=True, heartbeat=heartbeat):
-            if isinstance(result, Exception):
-                raise result
-        for c in self.challengers:
-            c.absorbed += n
-        rows = info.observations
-        value = info.log_predictive / rows if rows > 0 else math.nan
-        z = cp.drop_score(self.state, self.cp, value, rows)
-        due = first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first)
         spawned = None
-        if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
-            if heartbeat is not None:
-                heartbeat()
-            self.challengers.append(self._spawn(first, xb, yb, prev, before, heartbeat))
+        if step.spawn is not None:
+            step.spawn.absorbed = n
+            self.challengers.append(step.spawn)
             self.started += 1
             spawned = len(self.challengers) - 1
         self._remember_context(xb, yb)
-        cp.push_baseline(self.state, self.cp, value, rows)
+        rows = step.info.observations if step.info is not None else 0
+        cp.push_baseline(self.state, self.cp, step.value, rows)
         lbfs = [c.base + c.engine.log_evidence - lz for c in self.challengers]
         _, probs = cp.posterior(lbfs, self.cp.hazard)
         since = -math.inf if self.cp.window is None else last + 1 - self.cp.window

@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from tests.conftest import SMALL_MODEL, wait_until
 from tests.integration.helpers import linear_chunks, reference_trace, strip
-from workers.engine import ModelEngine
 from workers.quarantine import Attempts, attempts_key
 from workers.runner import Worker
+from workers.segmented import SegmentedEngine
 from workers.store.keys import Keys
 
 
@@ -99,16 +99,18 @@ def test_an_exception_inside_a_block_is_retried_then_quarantined(api, settings, 
     """A MemoryError (not NumericalError/ValueError) raised by the engine on one model's second chunk (the
     second of the worker's batch: the failure is counted at that chunk's cursor): that model goes to ``error``
     after exactly 2 attempts, its first chunk stays committed, the other model on the worker goes on."""
-    update = ModelEngine.update
+    # the worker advances its models together (workers.segmented.advance_blocks); a model's own failure is
+    # injected where its block is prepared, inside that stacked call
+    before_block = SegmentedEngine._before_block
     calls = []
 
     def failing(self, *args, **kwargs):
         if self.settings.seed == 666 and self.observations >= 20:
             calls.append(1)
             raise MemoryError("injected: cannot allocate the likelihood intermediates")
-        return update(self, *args, **kwargs)
+        return before_block(self, *args, **kwargs)
 
-    monkeypatch.setattr(ModelEngine, "update", failing)
+    monkeypatch.setattr(SegmentedEngine, "_before_block", failing)
     bad = {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": 666}}
     create(api, "bad", "s", bad)
     create(api, "good", "s", SMALL_MODEL)

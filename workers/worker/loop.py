@@ -19,18 +19,20 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from workers import quarantine
 from workers.config import Settings
-from workers.segmented import SegmentedEngine
+from workers.engine import block_bounds
+from workers.segmented import SegmentedEngine, advance_blocks
 from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
 from workers.store.keys import Keys
 from workers.worker import detect
-from workers.worker.blocks import absorb_chunk
+from workers.worker.blocks import Block, change_fields
 from workers.worker.leases import Heartbeat, Held, Leases
 from workers.worker.metrics import ALERTS, BLOCK_SECONDS, LEASES, OBSERVATIONS
 from workers.worker.posterior import StreamPosteriors
@@ -61,6 +63,7 @@ class Worker(quarantine.QuarantineHooks):
         self.beat_seconds = min(settings.lease_ttl_seconds / 3, settings.heartbeat_seconds)
         self._beat_at = self._scan_at = 0.0
         self._heartbeat: Heartbeat | None = None
+        self._raise_lost = False  # advance(): a lost lease is raised to the caller instead of handled
 
     @property
     def held(self) -> dict[str, Held]:
@@ -91,22 +94,18 @@ class Worker(quarantine.QuarantineHooks):
             self.shutdown()
 
     def step(self) -> bool:
-        """One pass: rescan leases when due, absorb pending chunks.  True if any work was done.  Without the
-        heartbeat thread (a step-driven worker) the leases and the heartbeat are renewed here when due."""
+        """One pass: rescan leases when due, absorb pending chunks (:meth:`advance_many`: every held model's
+        next chunk in one stacked update).  True if any work was done.  Without the heartbeat thread (a
+        step-driven worker) the leases and the heartbeat are renewed here when due."""
         now = time.monotonic()
         self.beat_if_due()
         self.drop_lost()
         if now - self._scan_at >= self.s.poll_seconds:
             self.scan()
-        worked = False
-        for h in self.leases.snapshot():
-            if h.lost or self.stop.is_set():
-                continue
-            try:
-                worked |= self.advance(h)
-            except LeaseLost as err:
-                self.lose(h, retried_blocks=err.blocks)
-        return worked
+        held = [h for h in self.leases.snapshot() if not h.lost]
+        if not held or self.stop.is_set():
+            return False
+        return self.advance_many(held)
 
     def wait_for_data(self) -> None:
         """Block until a leased model's stream has an entry past its cursor, or ``poll_seconds``."""
@@ -191,43 +190,174 @@ class Worker(quarantine.QuarantineHooks):
 
     # ----- absorbing --------------------------------------------------------------------------
     def advance(self, h: Held) -> bool:
-        """Absorb up to ``read_batch`` chunks past the model's cursor.  True if any.
+        """Absorb up to ``read_batch`` chunks past one model's cursor (:meth:`advance_many` of it alone).
 
         Raises
         ------
         LeaseLost
-            The lease was lost (``blocks``: the blocks computed and not committed).
+            The lease was lost (``blocks``: the blocks computed and not committed); nothing was written.
         """
-        entries = self.r.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
-        for i, (entry_id, fields) in enumerate(entries):
-            if self.stop.is_set():
+        self._raise_lost = True
+        try:
+            return self.advance_many([h])
+        finally:
+            self._raise_lost = False
+
+    def advance_many(self, models: list[Held]) -> bool:
+        """Absorb up to ``read_batch`` chunks past each model's cursor, the models advancing together (issue 9
+        §4): round ``r`` absorbs the ``r``-th pending chunk of every model that has one, whatever its stream,
+        in one stacked update per block (:meth:`absorb_round`); then one fenced commit per chunk and model.
+
+        The pending entries of all models are read in one round trip.  Failures stay per model (quarantine:
+        one attempt counted per model and batch, before its first chunk); a lost lease drops that model only.
+        True if any model had entries.
+        """
+        pipe = self.r.pipeline(transaction=False)
+        for h in models:
+            pipe.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
+        pending = {h.ref: entries for h, entries in zip(models, pipe.execute(), strict=True)}
+        active: list[Held] = []
+        for h in models:
+            if not pending[h.ref] or self.stop.is_set():
+                continue
+            self.beat_if_due()
+            try:  # one attempt counted per batch, before its first block; survives a crash
+                self.begin_attempt(h, h.cursor, "block")
+            except Exception as err:
+                self.failed(h, err)
+                continue
+            active.append(h)
+        r = 0
+        while active and not self.stop.is_set():
+            batch = [(h, pending[h.ref][r]) for h in active if r < len(pending[h.ref])]
+            if not batch:
                 break
             self.beat_if_due()
-            try:
-                if i == 0:  # one attempt counted per batch, before its first block; survives a crash
-                    self.begin_attempt(h, h.cursor, "block")
-                self.absorb(h, entry_id, fields)
-            except Exception as err:  # quarantine (LeaseLost and Redis outages are re-raised)
-                if not self.model_failed(h, err):
-                    raise
-                self.leases.drop(h.ref)
-                return True
-        return bool(entries)
+            done = set(self.absorb_round(batch))
+            active = [h for h in active if h.ref in done]
+            r += 1
+        if self.stop.is_set():  # stopped between rounds: the attempts not used up are given back
+            for h in active:
+                with contextlib.suppress(redis.RedisError):
+                    self.end_attempt(h)
+        return any(pending.values())
 
-    def absorb(self, h: Held, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        """One chunk: update block by block (timing each), detect alerts, commit."""
-        assert h.engine is not None
-        seq = int(fields[b"seq"])
-        x, y = records.decode_chunk(fields)
-        blocks = absorb_chunk(h.engine, x, y, seq=seq, first_index=int(fields[b"first_index"]), budget=h.budget)
-        h.detector, found = detect.detect(h.detector, h.cfg, blocks, stream=h.stream, model=h.name)
-        if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
-            found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
-        rows = [b.row for b in blocks]
-        self.commit(h, entry_id, seq, rows, found)
-        OBSERVATIONS.inc(int(y.shape[0]))
+    def failed(self, h: Held, err: Exception) -> None:
+        """Work on ``h`` raised ``err``: a lost lease drops the model (:meth:`lose`), any other model failure
+        goes to quarantine (:meth:`model_failed`); Redis outages are re-raised (the loop retries)."""
+        if isinstance(err, LeaseLost):
+            self.model_failed(h, err)  # gives the attempt back
+            if self._raise_lost:
+                raise err
+            self.lose(h, retried_blocks=err.blocks)
+            return
+        if not self.model_failed(h, err):
+            raise err
+        self.leases.drop(h.ref)
+
+    def absorb_round(self, batch: list[tuple[Held, tuple[bytes, dict[bytes, bytes]]]]) -> list[str]:
+        """One chunk per model (``(held, (entry_id, fields))``): the chunks' blocks absorbed in stacked
+        updates (block ``j`` of every model in one :func:`~workers.segmented.advance_blocks` call: all main
+        populations and challengers, grouped by stack key inside), alerts detected, then ONE fenced commit
+        per model.  Returns the refs of the models that committed (the others failed and were handled).
+
+        A model's failure (its NumericalError, an exception of its own) fails that model only.  An exception
+        of the stacked call itself (e.g. a block budget overrun, a MemoryError) cannot be attributed: the
+        models of that call are restored from their checkpoints (nothing of the chunk was committed) and
+        absorb the chunk one at a time, so the failing model fails alone and the others commit the same bits.
+        A row's ``seconds`` is the stacked call's wall time divided by the models in it (worker seconds per
+        model-block).
+        """
+        work: list[_Chunk] = []
+        for h, (entry_id, fields) in batch:
+            try:
+                assert h.engine is not None
+                x, y = records.decode_chunk(fields)
+                x, y = h.engine.family.validate(x, y)
+                first, n, size = h.engine.observations, int(y.shape[0]), h.engine.settings.block_size
+                work.append(_Chunk(h, entry_id, fields, int(fields[b"seq"]), int(fields[b"first_index"]), x, y,
+                                   block_bounds(first, n, size)))  # fmt: skip
+            except Exception as err:
+                self.failed(h, err)
+        alive = work
+        j = 0
+        while True:
+            group = [c for c in alive if j < len(c.bounds)]
+            if not group:
+                break
+            blocks = []
+            for c in group:
+                a, b = c.bounds[j]
+                blocks.append(((c.x[a:b] if c.x is not None else None), c.y[a:b]))
+            engines = [c.h.engine for c in group]
+            budgets = [c.h.budget for c in group if c.h.budget is not None]
+            t0 = time.perf_counter()
+            for bud in budgets:
+                bud.start()
+            try:
+                results: list[Any] = advance_blocks(engines, blocks)  # type: ignore[arg-type]
+            except Exception as err:
+                if len(group) == 1 and len(alive) == 1:
+                    results = [err]
+                else:  # not attributable: every model of the call redoes its chunk alone (docstring)
+                    for bud in budgets:
+                        bud.stop()
+                    log.warning("worker %s: a stacked update of %d models failed (%s); one at a time",
+                                self.id, len(group), err)  # fmt: skip
+                    return self.absorb_alone(group) + [c.h.ref for c in alive if c not in group and self.finish(c)]
+            finally:
+                for bud in budgets:
+                    bud.stop()
+            seconds = (time.perf_counter() - t0) / len(group)
+            for c, (_, yb), res in zip(group, blocks, results, strict=True):
+                if isinstance(res, Exception):
+                    self.failed(c.h, res)
+                    c.failed = True
+                    continue
+                a, _ = c.bounds[j]
+                row = records.trace_row(res, seq=c.seq, first_index=c.first_index + a,
+                                        block_observations=int(yb.shape[0]), seconds=seconds)  # fmt: skip
+                row.update(change_fields(c.h.engine))
+                c.blocks.append(Block(res, row))
+            alive = [c for c in alive if not c.failed]
+            j += 1
+        return [c.h.ref for c in alive if self.finish(c)]
+
+    def absorb_alone(self, group: list[_Chunk]) -> list[str]:
+        """The fallback of :meth:`absorb_round`: each model restored from its checkpoint (which is at the entry
+        before its chunk: the chunks before were committed), then its chunk absorbed alone."""
+        done = []
+        for c in group:
+            h, cursor = c.h, c.h.cursor
+            try:
+                if restore(self.r, self.keys, h) is None:
+                    self.leases.drop(h.ref)
+                    continue
+                self.arm_budget(h)
+            except Exception as err:
+                self.failed(h, err)
+                continue
+            if h.cursor == cursor:  # else the next pass reads from the restored cursor
+                done += self.absorb_round([(h, (c.entry_id, c.fields))])
+        return done
+
+    def finish(self, c: _Chunk) -> bool:
+        """Alerts and the fenced commit of one model's absorbed chunk.  False if the model failed or lost its
+        lease (handled)."""
+        h = c.h
+        try:
+            h.detector, found = detect.detect(h.detector, h.cfg, c.blocks, stream=h.stream, model=h.name)
+            if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
+                found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
+            rows = [b.row for b in c.blocks]
+            self.commit(h, c.entry_id, c.seq, rows, found)
+        except Exception as err:
+            self.failed(h, err)
+            return False
+        OBSERVATIONS.inc(int(c.y.shape[0]))
         for row in rows:
             BLOCK_SECONDS.observe(row["seconds"])
+        return True
 
     def commit(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> None:
         """Store checkpoint + cursor + trace rows + histogram + alerts + events in ONE fenced Lua script
@@ -317,6 +447,22 @@ class Worker(quarantine.QuarantineHooks):
             with contextlib.suppress(LeaseLost):
                 self.update_stream_posterior(h, self.posteriors.state(h), [])
         self.scripts.release(h.tenant, h.name, h.token)
+
+
+@dataclass(eq=False)
+class _Chunk:
+    """One model's chunk in :meth:`Worker.absorb_round`: the entry, its values and block bounds, the blocks done."""
+
+    h: Held
+    entry_id: bytes
+    fields: dict[bytes, bytes]
+    seq: int
+    first_index: int
+    x: Any
+    y: Any
+    bounds: list[tuple[int, int]]
+    blocks: list[Block] = field(default_factory=list)
+    failed: bool = False
 
 
 def _entry_id(entry: bytes) -> tuple[int, int]:
