@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# Bits that do not depend on the stack (STYLE.md, determinism): MKL's batched matrix product takes another
+# code path for every second matrix of a batch (measured on AMD EPYC, MKL in torch 2.13: bmm(a, b)[i] differs
+# from bmm(a[i:i+1], b[i:i+1]) in the last bits for odd i, shapes [7, 500] @ [500, 7] and others), so a model
+# stacked second would not reproduce its run alone.  Conditional Numerical Reproducibility in strict mode
+# (Intel, "MKL_CBWR" environment variable) makes the result independent of the position; no cost measured
+# (bench numbers in models/densities.py).  Read at MKL's first call: importing this package first is enough.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from models.autoregressive import Autoregressive
 from models.base import Family, HyperParams, ObservationError, ParameterSpace, ParameterSpec

@@ -13,6 +13,7 @@ import pytest
 import redis
 import torch
 
+import models  # noqa: F401  (first: sets MKL's strict reproducibility before any matrix product, models/__init__)
 from workers.config import Settings
 
 # Workers run torch on one intra-op thread (SGAIS_TORCH_THREADS, default 1); reductions over a
