@@ -44,13 +44,17 @@ import torch
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from workers.engine import ModelEngine  # noqa: E402
+from workers.segmented import SegmentedEngine  # noqa: E402
+from workers.store.records import BLOCK_FIELDS  # noqa: E402
+from workers.worker.blocks import absorb_chunk  # noqa: E402
+from workers.worker.restore import changepoint_settings  # noqa: E402
 
 MODELS = {
     "lr-a": {"family": "linear_regression", "params": {"features": 2}, "sampler": {"particles": 10, "seed": 1}},
     "lr-b": {"family": "linear_regression", "params": {"features": 2}, "sampler": {"particles": 20, "seed": 2}},
 }
-COMPARED = ("seq", "first_index", "observations", "log_predictive", "log_evidence", "annealing_steps", "ess")
+#: Every trace-row field but ``seconds`` (wall-clock time), as tests/integration/helpers.py compares them.
+COMPARED = ("seq", "first_index", "block_observations", "observations", *BLOCK_FIELDS)
 
 
 def chunk(stream_index: int, seq: int, rows: int) -> dict:
@@ -62,26 +66,16 @@ def chunk(stream_index: int, seq: int, rows: int) -> dict:
 
 
 def reference(model: dict, chunks: list[dict]) -> list[dict]:
-    """The trace rows of an uninterrupted bare engine (one block per chunk: chunks are smaller than block_size)."""
+    """The trace rows of an uninterrupted run on the worker's path, without Redis: the model's engine as the
+    worker builds it (:func:`workers.worker.restore.changepoint_settings`, change-point challengers included)
+    and :func:`workers.worker.blocks.absorb_chunk` (which splits the stream's first values into blocks of one)."""
     torch.set_num_threads(1)
-    eng = ModelEngine(model["family"], model["params"], model["sampler"])
-    rows, first = [], 0
+    eng = SegmentedEngine.create(model["family"], model["params"], model["sampler"], changepoint_settings(model))
+    rows: list[dict] = []
     for c in chunks:
-        (info,) = eng.update(c["x"], c["y"])
-        n = len(c["y"])
-        rows.append(
-            {
-                "seq": c["seq"],
-                "first_index": first,
-                "observations": first + n,
-                "log_predictive": info.log_predictive,
-                "log_evidence": info.log_evidence,
-                "annealing_steps": info.annealing_steps,
-                "ess": info.ess,
-            }
-        )
-        first += n
-    return rows
+        first = rows[-1]["observations"] if rows else 0
+        rows += [b.row for b in absorb_chunk(eng, c["x"], c["y"], seq=c["seq"], first_index=first)]
+    return [{k: row[k] for k in COMPARED} for row in rows]
 
 
 class Soak:
@@ -263,10 +257,20 @@ class Soak:
                 r = self.call("GET", f"/v1/models/{s}-{m}/trace", params={"limit": 10000})
                 got = [{k: row[k] for k in COMPARED} for row in r.json()["items"]] if r is not None else []
                 firsts = [row["first_index"] for row in got]
+                want = reference(model, chunks)
                 traces[f"{s}-{m}"] = {
                     "rows": len(got),
+                    "reference_rows": len(want),
                     "duplicates": len(firsts) - len(set(firsts)),
-                    "equal_to_uninterrupted": got == reference(model, chunks),
+                    "equal_to_uninterrupted": got == want,
+                    "first_difference": next(
+                        (
+                            {"row": i, "got": a, "want": b}
+                            for i, (a, b) in enumerate(zip(got, want, strict=False))
+                            if a != b
+                        ),
+                        None,
+                    ),
                 }
         workers_now = [p.pid for p in self.workers()]
         self.serve.send_signal(signal.SIGTERM)
