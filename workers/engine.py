@@ -132,6 +132,11 @@ class ModelEngine:
         return self._st.log_evidence
 
     @property
+    def degraded(self) -> str | None:
+        """Why the running ``log Ẑ`` is not certified (the model's ``degraded`` status reason), or None."""
+        return self._st.degraded
+
+    @property
     def ess(self) -> float:
         return float(ess(self._st.log_w))
 
@@ -173,6 +178,7 @@ class ModelEngine:
             "n_anchor": s.n_anchor,
             "n_reanneal": s.n_reanneal,
             "n_change": s.n_change,
+            "degraded": s.degraded,
             "blocks": s.blocks,
             "history_seen": s.history.seen,
             "history_included": include_history,
@@ -232,6 +238,7 @@ class ModelEngine:
             blocks=header["blocks"],
             n_reanneal=header.get("n_reanneal", 0),
             n_change=header.get("n_change", 0),
+            degraded=header.get("degraded"),
         )
         return eng
 

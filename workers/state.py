@@ -28,6 +28,8 @@ class SGAISState(NamedTuple):
     blocks : number of blocks absorbed.
     n_reanneal : history size at the last re-annealing (0 = never; :func:`reanneal`).
     n_change : history size after the last block that marked a change (``reanneal_steps``; 0 = none).
+    degraded : why the running ``log Ẑ`` is not certified (:mod:`workers.conflict`), or None; kept until a
+        re-annealing replaces the estimate by one that passes the checks.
     """
 
     theta: torch.Tensor
@@ -42,6 +44,7 @@ class SGAISState(NamedTuple):
     blocks: int
     n_reanneal: int = 0
     n_change: int = 0
+    degraded: str | None = None
 
     @property
     def n(self) -> int:
@@ -64,7 +67,11 @@ class BlockInfo(NamedTuple):
     ess: float  # ESS of the full weights after the block, in particles
     resampled: bool  # resampled at least once in this block
     guard_tripped: bool  # max_annealing_steps reached; the rest of the block was taken in one increment
-    reannealed: bool = False  # the population was merged with a re-annealing over the history (reanneal)
+    reannealed: bool = False  # the population was replaced by a re-annealing over the history (reanneal)
+    # nats that log_evidence moved by besides log_predictive: a re-annealing's re-estimate of the whole
+    # history, log Ẑ_replay − log Ẑ_running (API.md trace rows); 0 when none
+    log_evidence_correction: float = 0.0
+    degraded: str | None = None  # why the running log-evidence is not certified (the model's status), or None
 
 
 class Model(Protocol):

@@ -266,31 +266,6 @@ def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
 # ----- re-annealing after a change point ---------------------------------------------------------
 
 
-def test_merged_population_averages_the_two_evidence_estimates() -> None:
-    """(Ẑ_a + Ẑ_b)/2 exactly, for unequal population sizes; a population whose Ẑ is e^-200 times
-    the other's leaves no survivor (systematic resampling gives floor/ceil of M·W_i copies)."""
-    g = torch.Generator().manual_seed(3)
-    a = (
-        torch.zeros(6, 2, dtype=torch.float64),
-        torch.zeros(6, 2, dtype=torch.float64),
-        torch.randn(6, generator=g, dtype=torch.float64) - 50.0,
-    )
-    b = (
-        torch.ones(9, 2, dtype=torch.float64),
-        torch.ones(9, 2, dtype=torch.float64),
-        torch.randn(9, generator=g, dtype=torch.float64) - 49.0,
-    )
-    theta, velocity, log_w = stacking.merge_populations(g, a, b)
-    z = [float(torch.logsumexp(p[2], 0)) - math.log(p[2].shape[0]) for p in (a, b)]
-    assert theta.shape == (6, 2) and velocity.shape == (6, 2)
-    assert torch.all(log_w == log_w[0])
-    expected = max(z) + math.log1p(math.exp(min(z) - max(z))) - math.log(2)
-    assert float(log_w[0]) == pytest.approx(expected, abs=1e-12)
-    stuck = (a[0], a[1], a[2] - 200.0)
-    theta, _, _ = stacking.merge_populations(g, stuck, b)
-    assert torch.all(theta == 1.0)
-
-
 def test_reannealing_happens_at_most_once_per_doubling_after_the_warmup() -> None:
     """reanneal_steps=1 marks every block after the warm-up (300 observations) as a change, so the
     re-annealings follow the doubling rule alone: at 400 (the first eligible block), 800, 1600."""
