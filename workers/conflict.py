@@ -144,8 +144,9 @@ def defensive_start(
     x: torch.Tensor | None,
     y: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``(theta: [M, D], log_w: [M] float64, variance: [D] float64)`` drawn from the defensive mixture ``q`` (module docstring) with
-    ``log w = log p − log q`` and the Laplace variances ``diag(H⁻¹)``, when the block conflicts with the prior; None otherwise (keep ``prior_draws``).
+    """``(theta: [M, D], log_w: [M] float64, variance: [D] float64)``: ``M`` draws from the defensive
+    mixture ``q`` (module docstring), ``log w = log p − log q`` and the Laplace variances ``diag(H⁻¹)``,
+    when the block conflicts with the prior; None otherwise (keep ``prior_draws``).
 
     ``prior_draws: [M, D]`` are the model's initial particles (they give the optimiser's start and the
     conflict test); the ``M`` mixture draws come from ``generator`` (one ``rand`` call for the component
@@ -168,7 +169,9 @@ def defensive_start(
     theta = torch.where((u < DEFENSIVE_WEIGHT)[:, None], from_prior, from_gauss)
     with torch.no_grad():
         log_p = family.log_prior(theta)
-        log_q = torch.logaddexp(math.log(DEFENSIVE_WEIGHT) + log_p, math.log1p(-DEFENSIVE_WEIGHT) + gauss.log_prob(theta))
+        log_q = torch.logaddexp(
+            math.log(DEFENSIVE_WEIGHT) + log_p, math.log1p(-DEFENSIVE_WEIGHT) + gauss.log_prob(theta)
+        )
     log_w = torch.nan_to_num(log_p - log_q, nan=-math.inf)
     if not torch.isfinite(theta).all() or not torch.isfinite(log_w).any():
         return None

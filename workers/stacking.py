@@ -234,8 +234,9 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         momentum_decay=per_model("momentum_decay"),
         # a defensive start takes its block in one increment (importance sampling, workers.conflict): any
         # positive target below CESS(1) does that
-        ess_target=torch.where(torch.tensor([p.one_step for p in group], device=device), ONE_STEP_TARGET,
-                               per_model("ess_target")),  # fmt: skip
+        ess_target=torch.where(
+            torch.tensor([p.one_step for p in group], device=device), ONE_STEP_TARGET, per_model("ess_target")
+        ),  # fmt: skip
         resample_threshold=per_model("resample_threshold"),
         burn_in=torch.tensor([p.burn_in for p in group], device=device),
         max_annealing_steps=s0.max_annealing_steps,
@@ -303,7 +304,8 @@ def _after_block(
     """Append the block to the history; mark a change and re-anneal when the policy says so.
 
     A change: a block after the warm-up (early blocks need many steps as the posterior contracts
-    from the prior) that needed ``reanneal_steps`` annealing steps.  Re-anneal then and at each
+    from the prior) that needed ``reanneal_steps`` annealing steps, scaled with the dimension
+    (:func:`change_threshold`).  Re-anneal then and at each
     ``reanneal_growth`` of the history while it is within ``reanneal_horizon`` of its size at the change.
     """
     s, history = m.settings, st.history
@@ -311,7 +313,11 @@ def _after_block(
     history.append(x, y)
     n = history.seen
     n_change = st.n_change
-    if s.reanneal_steps is not None and steps >= s.reanneal_steps and n_prev >= max(s.warmup_observations, 1):
+    if (
+        s.reanneal_steps is not None
+        and steps >= change_threshold(s.reanneal_steps, st.theta.shape[-1])
+        and n_prev >= max(s.warmup_observations, 1)
+    ):
         n_change = n
     st = st._replace(n_change=n_change)
     reannealed = (
@@ -329,6 +335,24 @@ def _after_block(
     if st.degraded is None and n <= max(s.warmup_observations, s.block_size) and history.size == n:
         st = st._replace(degraded=_score_check(m, st))
     return st, reannealed
+
+
+#: Parameter dimension up to which ``reanneal_steps`` applies as set (the models it was measured on: D ≤ 4).
+REANNEAL_REFERENCE_DIM = 4
+
+
+def change_threshold(reanneal_steps: int, dim: int) -> float:
+    """Annealing steps of a block that mark a change for a model with ``dim`` unconstrained parameters:
+    ``reanneal_steps · max(1, √(dim / REANNEAL_REFERENCE_DIM))``.
+
+    The ESS-chosen increments satisfy ``Δ · sd_π(ℓ_C) ≈ const`` (eq. 4.15 for small increments), so a
+    block needs about ``sd_π(ℓ_C)`` steps; on stationary data the block's log-likelihood fluctuates over
+    the posterior like a log-likelihood ratio, ``sd ≈ √(D/2) · B/n`` (its ``χ²_D/2`` limit), i.e. ∝ √D.
+    Measured (``bench/conflict.py trigger``): stationary linear regression, blocks of 500 after the
+    2000-observation warm-up, D = 4: 2–5 steps; D = 61: 12, 11, 9, 8, 6 — the unscaled threshold 12
+    fired on stationary data; scaled it is 47.
+    """
+    return reanneal_steps * max(1.0, math.sqrt(dim / REANNEAL_REFERENCE_DIM))
 
 
 def _score_check(m: Model, st: SGAISState) -> str | None:

@@ -305,7 +305,9 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float) -> No
             expected.append(n)
             n_reanneal = n
     assert expected[0] == 700 and [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
-    assert e.state.n_change == n_change and 1000 <= n_change <= 1500
+    # the last change: 1000-1500 while re-annealing averaged the two populations; 800 since the replay
+    # replaces the running population (issue 10), whose next blocks then need fewer steps
+    assert e.state.n_change == n_change and 700 <= n_change <= 1500
     if horizon == 3.0:
         assert len(expected) >= 3
 
