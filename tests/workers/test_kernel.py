@@ -308,8 +308,8 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float) -> No
     # the last change: 1000-1500 while re-annealing averaged the two populations; 800 since the replay
     # replaces the running population (issue 10), whose next blocks then need fewer steps
     assert e.state.n_change == n_change and 700 <= n_change <= 1500
-    if horizon == 3.0:
-        assert len(expected) >= 3
+    if horizon == 3.0:  # 3 re-annealings when the last change was >= 1000; 700 and 1400 with the replay
+        assert len(expected) >= 2
 
 
 def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
