@@ -78,9 +78,11 @@ class SamplerSettings(BaseModel):
         12,
         ge=1,
         le=1_000_000,
-        description="a block after the warm-up that needs at least this many annealing steps marks a change: the "
-        "particles are then re-annealed from the prior over the whole history in a random order and "
-        "merged with the running population (null = never; 1 = at every growth step of the history)",
+        description="a block after the warm-up that needs at least this many annealing steps (times "
+        "max(1, sqrt(D/4)) for D parameters) marks a change: the particles are then re-annealed from the prior "
+        "over the whole history in a random order, and the replay replaces the running particles and "
+        "log-evidence; the jump is the trace row's log_evidence_correction (null = never; 1 = at every growth "
+        "step of the history)",
     )
     reanneal_growth: float = Field(
         2.0, gt=1, le=1000, description="re-anneal at most once per this factor of history growth"
