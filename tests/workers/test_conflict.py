@@ -75,6 +75,20 @@ def test_unit_scale_data_keep_the_prior_start() -> None:
     assert conflict.defensive_start(g, fam, prior, None, y + 300.0) is not None
 
 
+def test_a_full_reservoir_degrades_the_model() -> None:
+    """history_capacity biases the evidence once rows are dropped (bench/conflict.py reservoir: −37 nats for a
+    5-feature regression at n = 20,000 with 500): the model is ``degraded`` from then on, not before."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 1))
+    y = 0.5 * X[:, 0] + rng.normal(size=200)
+    e = ModelEngine("linear_regression", {"features": 1}, {"seed": 0, "block_size": 50, "history_capacity": 100})
+    infos = e.update(X[:100].tolist(), y[:100].tolist())
+    assert e.degraded is None and all(i.degraded is None for i in infos)
+    (info,) = e.update(X[100:150].tolist(), y[100:150].tolist())
+    assert info.degraded == e.degraded and e.degraded is not None
+    assert "history_capacity = 100" in e.degraded and "150 observations" in e.degraded
+
+
 @pytest.mark.slow
 def test_stationary_60_feature_regression_does_not_trigger_reannealing() -> None:
     """The reanneal_steps trigger scales with √D (stacking.change_threshold): 12 steps fired at D = 61."""
