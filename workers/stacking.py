@@ -358,9 +358,9 @@ def change_threshold(reanneal_steps: int, dim: int) -> float:
     The ESS-chosen increments satisfy ``Δ · sd_π(ℓ_C) ≈ const`` (eq. 4.15 for small increments), so a
     block needs about ``sd_π(ℓ_C)`` steps; on stationary data the block's log-likelihood fluctuates over
     the posterior like a log-likelihood ratio, ``sd ≈ √(D/2) · B/n`` (its ``χ²_D/2`` limit), i.e. ∝ √D.
-    Measured (``bench/conflict.py trigger``): stationary linear regression, blocks of 500 after the
-    2000-observation warm-up, D = 4: 2–5 steps; D = 61: 12, 11, 9, 8, 6 — the unscaled threshold 12
-    fired on stationary data; scaled it is 47.
+    Measured (``python bench/conflict.py trigger --seeds 2``): stationary linear regression, blocks of 500
+    after the 2000-observation warm-up, D = 4: 2–3 steps; D = 61: 7–12 (12 on seed 1) — the unscaled
+    threshold 12 fired on stationary data; scaled it is 46.9.
     """
     return reanneal_steps * max(1.0, math.sqrt(dim / REANNEAL_REFERENCE_DIM))
 
