@@ -159,8 +159,8 @@ class Block(BaseModel):
     guard_tripped: bool = False
     reannealed: bool = Field(
         False,
-        description="the particles were merged with a re-annealing from the prior "
-        "over the whole history after this block (sampler.reanneal_steps)",
+        description="the particles and the running log-evidence were replaced by a re-annealing from the prior "
+        "over the whole history after this block (sampler.reanneal_steps; the jump is log_evidence_correction)",
     )
     # issue 12 (workers/segmented.py): the change posterior after this block
     change_probability: float | None = Field(
@@ -175,6 +175,11 @@ class TraceRow(Block):
     log_evidence: float = Field(..., description="running log-evidence (nats)")
     log_evidence_se: float = Field(
         0.0, description="Monte Carlo standard error of log_evidence (nats; 0 = not reported)"
+    )
+    log_evidence_correction: float = Field(
+        0.0,
+        description="nats by which log_evidence moved besides log_predictive: a re-annealing replaced the running "
+        "estimate of the whole history by the replay's (log Ẑ_replay − log Ẑ_running); 0 when none",
     )
 
 

@@ -142,6 +142,11 @@ class ModelEngine:
         return self._st.log_evidence_se
 
     @property
+    def degraded(self) -> str | None:
+        """Why the running ``log Ẑ`` is not certified (the model's ``degraded`` status reason), or None."""
+        return self._st.degraded
+
+    @property
     def ess(self) -> float:
         return float(ess(self._st.log_w))
 
@@ -184,6 +189,7 @@ class ModelEngine:
             "n_anchor": s.n_anchor,
             "n_reanneal": s.n_reanneal,
             "n_change": s.n_change,
+            "degraded": s.degraded,
             "blocks": s.blocks,
             "history_seen": s.history.seen,
             "history_included": include_history,
@@ -256,6 +262,7 @@ class ModelEngine:
             n_reanneal=header.get("n_reanneal", 0),
             n_change=header.get("n_change", 0),
             evidence_var=evidence_var,
+            degraded=header.get("degraded"),
         )
         return eng
 

@@ -210,6 +210,11 @@ class SegmentedEngine:
     def ess(self) -> float:
         return self.main.ess
 
+    @property
+    def degraded(self) -> str | None:
+        """The main engine's :attr:`ModelEngine.degraded`."""
+        return self.main.degraded
+
     def posterior_summary(self) -> dict[str, Any]:
         return self.main.posterior_summary()
 

@@ -300,7 +300,31 @@ def _step_sizes(
     posterior_var = weighted_variance(theta, log_w, floor=posterior_var / 4)
     cap = 1.0 / (n_target[:, None] * block.fisher)
     eta = s.learning_rate[:, None] * torch.minimum(PRECONDITIONER_SLACK * posterior_var, cap)
+    D, M = theta.shape[-1], theta.shape[1]
+    if 1 < D and 4 * D <= M:
+        eta = eta * _correlation_factor(theta, log_w)[:, None]
     return posterior_var, eta[:, None, :].to(theta.dtype)
+
+
+def _correlation_factor(theta: torch.Tensor, log_w: torch.Tensor) -> torch.Tensor:
+    """``min(1, 2·λ_min(R)) : [K]`` with ``R`` the weighted particle correlation matrix of ``theta: [K, M, D]``.
+
+    The variance cap treats coordinates as uncorrelated: for a Gaussian target with correlation ``R``
+    the diagonally preconditioned curvature ``η_d·H`` has eigenvalues up to ``4·lr / λ_min(R)`` (the
+    largest eigenvalue of ``R⁻¹``), outside SGHMC's stability region ``η·h < 2(2 − α)`` for strongly
+    correlated coordinates (a slope and an intercept with covariates far from 0: ρ = −0.87 for
+    x ~ U(0, 20) gives 4·lr·7.7; issue 10).  This factor bounds it by ``8·lr`` and is 1 (the bits
+    unchanged) whenever ``λ_min(R) ≥ 1/2``.  Formed only when the covariance is well estimated
+    (``M ≥ 4D``).
+    """
+    W = torch.softmax(log_w, -1)[..., None]
+    t = theta.to(torch.float64)
+    c = t - (W * t).sum(1, keepdim=True)
+    cov = (W * c).transpose(1, 2) @ c  # [K, D, D]
+    sd = torch.sqrt(torch.diagonal(cov, dim1=1, dim2=2).clamp_min(1e-300))
+    R = cov / (sd[:, :, None] * sd[:, None, :])
+    lam_min = torch.linalg.eigvalsh(R)[:, 0]
+    return torch.nan_to_num(2.0 * lam_min, nan=1.0).clamp(0.0, 1.0)
 
 
 def _move(

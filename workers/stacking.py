@@ -26,7 +26,7 @@ import torch
 
 from models.base import Family
 from models.stack import StackedFamily
-from workers import sgais
+from workers import conflict, sgais
 from workers.ess import ess
 from workers.fisher import fisher_diagonal
 from workers.gradients import history_gradient
@@ -57,6 +57,23 @@ PER_MODEL_SETTINGS = frozenset(
 
 
 Result = list[BlockInfo] | sgais.NumericalError
+
+#: ESS target of a block taken in one increment (0: the bisection of solve_increment returns the whole remainder).
+ONE_STEP_TARGET = 0.0
+
+#: The model's status reason when a block hit ``max_annealing_steps`` (the rest taken in one increment).
+GUARD_REASON = (
+    "a block needed more than max_annealing_steps = {} annealing steps; the rest of its likelihood was "
+    "taken in one increment, so the evidence is not certified"
+)
+#: The model's status reason once a reservoir (``history_capacity``) holds fewer rows than were seen: the
+#: mini-batch gradients then follow a subsample and the evidence is biased beyond its Monte Carlo error
+#: (measured, ``python bench/conflict.py reservoir``, n = 20,000, capacity 500: gmm −4.1 nats against +0.1
+#: with the whole history; 5-feature regression −37.4 against −2.2).
+RESERVOIR_REASON = (
+    "the history reservoir (history_capacity = {}) holds a subsample of the {} observations seen; the evidence "
+    "is biased (measured tens of nats at 40x the capacity, bench/conflict.py reservoir) and not certified"
+)
 Heartbeat = Callable[[], None] | None
 
 
@@ -131,6 +148,7 @@ class _Pending(NamedTuple):
     fisher: bool
     anchored: bool
     raw: int = 0  # stream values in the block (rows plus values taken into the context)
+    one_step: bool = False  # a defensive start (workers.conflict): the block's likelihood in one increment
 
 
 def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], heartbeat: Heartbeat) -> list[Any]:
@@ -166,6 +184,14 @@ def _before_block(
     """Warm-up reduction, re-anchoring, the block's burn-in and whether the Fisher caps apply."""
     s, history = m.settings, st.history
     n_prev = history.seen
+    one_step = False
+    if n_prev == 0 and st.n_anchor == 0 and bool((st.log_w == 0).all()):
+        # the prior population meets its first likelihood rows: a defensive Laplace start when they conflict
+        start = conflict.defensive_start(m.generator, m.family, st.theta, x, y)
+        if start is not None:  # importance sampling of the block: its likelihood in one increment (below)
+            # posterior_var: the Laplace variances (the step sizes' floor is a quarter of the last value)
+            st = st._replace(theta=start[0], log_w=start[1], posterior_var=start[2])
+            one_step = True
     if st.theta.shape[0] > s.particles and n_prev >= s.warmup_observations:
         st = reduce_particles(m.generator, st, s.particles)
     anchored = s.control_variates and history.size > 0
@@ -181,7 +207,7 @@ def _before_block(
     if s.change_burn_in is not None and st.n_change and n <= s.reanneal_horizon * st.n_change:
         burn_in = max(burn_in, s.change_burn_in)  # the posterior is still moving after a change
     fisher = s.preconditioning and s.fisher_step_growth > 1 and n_prev >= s.warmup_observations
-    return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored)
+    return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored, one_step=one_step)
 
 
 def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | sgais.NumericalError]:
@@ -215,7 +241,11 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     settings = sgais.KernelSettings(
         learning_rate=per_model("learning_rate"),
         momentum_decay=per_model("momentum_decay"),
-        ess_target=per_model("ess_target"),
+        # a defensive start takes its block in one increment (importance sampling, workers.conflict): any
+        # positive target below CESS(1) does that
+        ess_target=torch.where(
+            torch.tensor([p.one_step for p in group], device=device), ONE_STEP_TARGET, per_model("ess_target")
+        ),  # fmt: skip
         resample_threshold=per_model("resample_threshold"),
         burn_in=torch.tensor([p.burn_in for p in group], device=device),
         max_annealing_steps=s0.max_annealing_steps,
@@ -250,6 +280,9 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         st = old._replace(
             **{f: getattr(new, f)[k] for f in sgais.StackState._fields}, context=p.context, blocks=old.blocks + 1
         )
+        if stats.guard_tripped[k] and st.degraded is None:
+            st = st._replace(degraded=GUARD_REASON.format(s0.max_annealing_steps))
+        log_predictive = st.log_evidence - old.log_evidence
         try:
             st, reannealed = _after_block(p.model, st, p.x, p.y, steps=stats.annealing_steps[k], heartbeat=heartbeat)
         except sgais.NumericalError as err:
@@ -260,7 +293,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         out.append(
             BlockInfo(
                 observations=p.y.shape[0],
-                log_predictive=st.log_evidence - old.log_evidence,
+                log_predictive=log_predictive,
                 log_evidence=st.log_evidence,
                 annealing_steps=stats.annealing_steps[k],
                 ess=float(ess(st.log_w)),
@@ -268,6 +301,8 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
                 guard_tripped=stats.guard_tripped[k],
                 reannealed=reannealed,
                 log_evidence_se=st.log_evidence_se,
+                log_evidence_correction=st.log_evidence - old.log_evidence - log_predictive,
+                degraded=st.degraded,
             )
         )
     return out
@@ -279,7 +314,8 @@ def _after_block(
     """Append the block to the history; mark a change and re-anneal when the policy says so.
 
     A change: a block after the warm-up (early blocks need many steps as the posterior contracts
-    from the prior) that needed ``reanneal_steps`` annealing steps.  Re-anneal then and at each
+    from the prior) that needed ``reanneal_steps`` annealing steps, scaled with the dimension
+    (:func:`change_threshold`).  Re-anneal then and at each
     ``reanneal_growth`` of the history while it is within ``reanneal_horizon`` of its size at the change.
     """
     s, history = m.settings, st.history
@@ -287,7 +323,11 @@ def _after_block(
     history.append(x, y)
     n = history.seen
     n_change = st.n_change
-    if s.reanneal_steps is not None and steps >= s.reanneal_steps and n_prev >= max(s.warmup_observations, 1):
+    if (
+        s.reanneal_steps is not None
+        and steps >= change_threshold(s.reanneal_steps, st.theta.shape[-1])
+        and n_prev >= max(s.warmup_observations, 1)
+    ):
         n_change = n
     st = st._replace(n_change=n_change)
     reannealed = (
@@ -302,7 +342,39 @@ def _after_block(
         except BaseException:
             history.truncate(n_prev)  # leave the input state as it was (the block is not absorbed)
             raise
+    if st.degraded is None and n <= max(s.warmup_observations, s.block_size) and history.size == n:
+        st = st._replace(degraded=_score_check(m, st))
+    if st.degraded is None and history.size < n:
+        st = st._replace(degraded=RESERVOIR_REASON.format(s.history_capacity, n))
     return st, reannealed
+
+
+#: Parameter dimension up to which ``reanneal_steps`` applies as set (the models it was measured on: D ≤ 4).
+REANNEAL_REFERENCE_DIM = 4
+
+
+def change_threshold(reanneal_steps: int, dim: int) -> float:
+    """Annealing steps of a block that mark a change for a model with ``dim`` unconstrained parameters:
+    ``reanneal_steps · max(1, √(dim / REANNEAL_REFERENCE_DIM))``.
+
+    The ESS-chosen increments satisfy ``Δ · sd_π(ℓ_C) ≈ const`` (eq. 4.15 for small increments), so a
+    block needs about ``sd_π(ℓ_C)`` steps; on stationary data the block's log-likelihood fluctuates over
+    the posterior like a log-likelihood ratio, ``sd ≈ √(D/2) · B/n`` (its ``χ²_D/2`` limit), i.e. ∝ √D.
+    Measured (``python bench/conflict.py trigger --seeds 2``): stationary linear regression, blocks of 500
+    after the 2000-observation warm-up, D = 4: 2–3 steps; D = 61: 7–12 (12 on seed 1) — the unscaled
+    threshold 12 fired on stationary data; scaled it is 46.9.
+    """
+    return reanneal_steps * max(1.0, math.sqrt(dim / REANNEAL_REFERENCE_DIM))
+
+
+def _score_check(m: Model, st: SGAISState) -> str | None:
+    """:func:`workers.conflict.score_check` of the population against the posterior of the whole history
+    (exact score: prior + every held row)."""
+    hx, hy = st.history.all_rows()
+    one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
+    theta = st.theta[None]
+    score = one.grad_log_prior(theta) + history_gradient(one, theta, hx[None] if hx is not None else None, hy[None])
+    return conflict.score_check(st.theta, st.log_w, score[0])
 
 
 def reduce_particles(generator: torch.Generator, state: SGAISState, M: int) -> SGAISState:
@@ -327,21 +399,29 @@ def reduce_particles(generator: torch.Generator, state: SGAISState, M: int) -> S
 
 
 def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGAISState:
-    """Run SGAIS afresh from the prior over the whole history in a random order and merge it
-    with the current population: the remedy for particles left in stale modes after a change point.
+    """Run SGAIS afresh from the prior over the whole history in a random order and let it replace the
+    running population and its evidence: the remedy for particles left in stale modes after a change point.
 
     After a change the posterior moves far within one block (many annealing steps) and local SGHMC
     moves rarely carry particles into modes that only the new data support (thesis §5.1.5: the
     in-order estimate then drifts below the shuffled one).  A second run over the same ``n`` rows in
-    a random order sees the data as stationary and finds those modes.  Both runs are properly
-    weighted samples of ``p(θ) p(y_{1:n}|θ)``; their union, each population's weights rescaled so
-    that the union's mean weight is ``(Ẑ_A + Ẑ_B) / 2``, is properly weighted too (the average of
-    two unbiased evidence estimates is unbiased; thesis eq. 4.6 for each), and systematic
-    resampling back to ``M`` particles keeps that mean (:func:`merge_populations`).
+    a random order sees the data as stationary and finds those modes.
+
+    Why replace rather than average: the re-annealing is triggered by the running run itself (a block
+    that needed many annealing steps, i.e. a running population that is doing badly), so the running
+    ``Ẑ_A`` is biased low *on the event that triggers*; averaging ``(Ẑ_A + Ẑ_B)/2`` on that event lost
+    about ``log 2`` per merge (issue 10, measured in ``bench/conflict.py merges``).  The replay's ``Ẑ_B``
+    uses only fresh randomness (its own prior draws, order and moves after the trigger), so
+    ``E[Ẑ_B | trigger] = Z`` (thesis eq. 4.6 for the replay alone) and the replay's weighted particles
+    are a properly weighted sample of ``p(θ | y_{1:n})`` whatever triggered it.  The step from
+    ``log Ẑ_A`` to ``log Ẑ_B`` is reported as the block's ``log_evidence_correction``, not as part of its
+    log-predictive.
 
     The fresh run is a model of its own (a stack of one) drawing from ``m.generator``; ``heartbeat``
     is called before each of its blocks.  ``state`` must hold its whole history (no reservoir).
-    The anchors are reset at the merged particles with exact history gradients (one more pass).
+    The anchors are reset at the new particles with exact history gradients (one more pass), and the
+    replay's population is score-checked (:func:`workers.conflict.score_check`): its reason, or None,
+    becomes the model's ``degraded``.
 
     Raises NumericalError when the fresh run fails.
     """
@@ -362,48 +442,23 @@ def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGA
         (info,) = _run_stack([p], None)
         if isinstance(info, sgais.NumericalError):
             raise info
-    theta, velocity, log_w = merge_populations(
-        m.generator,
-        (state.theta, state.velocity, state.log_w),
-        (fresh.state.theta, fresh.state.velocity, fresh.state.log_w),
-    )
-    # Error bar of the merged log Ẑ = log((Ẑ_A + Ẑ_B)/2): the runs' Monte Carlo errors are independent
-    # (disjoint draws), so by the delta method Var = p_A² Var(log Ẑ_A) + p_B² Var(log Ẑ_B), p = Ẑ/(Ẑ_A + Ẑ_B).
-    share = torch.softmax(torch.tensor([state.log_evidence, fresh.state.log_evidence], dtype=torch.float64), 0)
-    var_ab = torch.tensor([state.log_evidence_var, fresh.state.log_evidence_var], dtype=torch.float64)
-    evidence_var = (share**2 * var_ab).sum().to(state.log_w.device)
+    new = fresh.state
+    M = state.theta.shape[0]
+    if new.theta.shape[0] != M:  # a replay still in its warm-up population: back to the running size
+        new = reduce_particles(m.generator, new, M)
+    theta, velocity, log_w = new.theta, new.velocity, new.log_w
     one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
-    floor = torch.minimum(state.posterior_var, fresh.state.posterior_var) / 4
+    grad = history_gradient(one, theta[None], hx[None] if hx is not None else None, hy[None])[0]
+    score = one.grad_log_prior(theta[None])[0] + grad
     return state._replace(
         theta=theta,
         velocity=velocity,
         log_w=log_w,
         anchor=theta.clone(),
-        anchor_grad=history_gradient(one, theta[None], hx[None] if hx is not None else None, hy[None])[0],
+        anchor_grad=grad,
         n_anchor=n,
-        posterior_var=sgais.weighted_variance(theta[None], log_w[None], floor=floor[None])[0],
+        posterior_var=sgais.weighted_variance(theta[None], log_w[None], floor=new.posterior_var[None] / 4)[0],
         n_reanneal=n,
-        evidence_var=evidence_var,
+        evidence_var=new.evidence_var,  # the replay's error bar: it replaces the running estimate
+        degraded=new.degraded or conflict.score_check(theta, log_w, score),
     )
-
-
-def merge_populations(
-    generator: torch.Generator,
-    a: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    b: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Merge two weighted populations of the same target into ``M_a`` particles.
-
-    ``a = (theta: [M_a, D], velocity: [M_a, D], log_w: [M_a])``, ``b`` likewise with ``M_b``; each
-    ``log_w`` on the evidence scale (``Ẑ = mean(exp(log_w))``, thesis eq. 4.6).  Every weight of
-    ``a`` is multiplied by ``(M_a + M_b) / (2 M_a)`` and every weight of ``b`` by
-    ``(M_a + M_b) / (2 M_b)``, so the union's mean weight is ``(Ẑ_a + Ẑ_b) / 2``; ``M_a`` ancestors
-    are then drawn systematically and every log-weight set to the log of that mean.  Returns
-    ``(theta, velocity, log_w)`` of ``M_a`` particles with uniform log-weights.
-    """
-    (theta_a, vel_a, lw_a), (theta_b, vel_b, lw_b) = a, b
-    M_a, M_b = theta_a.shape[0], theta_b.shape[0]
-    log_w = torch.cat([lw_a + math.log((M_a + M_b) / (2 * M_a)), lw_b + math.log((M_a + M_b) / (2 * M_b))])
-    idx = systematic_resample(generator, log_w, M_a)
-    log_mean = torch.logsumexp(log_w, 0) - math.log(M_a + M_b)
-    return (torch.cat([theta_a, theta_b])[idx], torch.cat([vel_a, vel_b])[idx], log_mean.expand(M_a).clone())

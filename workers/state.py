@@ -30,9 +30,11 @@ class SGAISState(NamedTuple):
     n_change : history size after the last block that marked a change (``reanneal_steps``; 0 = none).
     evidence_var : [] float64 variance of ``log Ẑ`` (nats²) of the resampling epochs closed so far
         (:func:`workers.sgais.epoch_variance`); :attr:`log_evidence_var` adds the open epoch.  The end of
-        the warm-up (:func:`workers.stacking.reduce_particles`) closes an epoch; after a re-annealing merge
-        it is the delta-method variance of ``log((Ẑ_A + Ẑ_B)/2)`` of the two independent runs
-        (:func:`workers.stacking.reanneal`), so the error bar stays that of the reported estimate.
+        the warm-up (:func:`workers.stacking.reduce_particles`) closes an epoch; after a re-annealing it is the
+        replay's (:func:`workers.stacking.reanneal` replaces the running population and estimate), so the error
+        bar stays that of the reported estimate.
+    degraded : why the running ``log Ẑ`` is not certified (:mod:`workers.conflict`), or None; kept until a
+        re-annealing replaces the estimate by one that passes the checks.
     """
 
     theta: torch.Tensor
@@ -48,6 +50,7 @@ class SGAISState(NamedTuple):
     n_reanneal: int = 0
     n_change: int = 0
     evidence_var: torch.Tensor = torch.zeros((), dtype=torch.float64)
+    degraded: str | None = None
 
     @property
     def n(self) -> int:
@@ -83,8 +86,12 @@ class BlockInfo(NamedTuple):
     ess: float  # ESS of the full weights after the block, in particles
     resampled: bool  # resampled at least once in this block
     guard_tripped: bool  # max_annealing_steps reached; the rest of the block was taken in one increment
-    reannealed: bool = False  # the population was merged with a re-annealing over the history (reanneal)
+    reannealed: bool = False  # the population was replaced by a re-annealing over the history (reanneal)
     log_evidence_se: float = 0.0  # Monte Carlo standard error of log_evidence (nats), SGAISState.log_evidence_se
+    # nats that log_evidence moved by besides log_predictive: a re-annealing's re-estimate of the whole
+    # history, log Ẑ_replay − log Ẑ_running (API.md trace rows); 0 when none
+    log_evidence_correction: float = 0.0
+    degraded: str | None = None  # why the running log-evidence is not certified (the model's status), or None
 
 
 class Model(Protocol):

@@ -271,31 +271,6 @@ def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
 # ----- re-annealing after a change point ---------------------------------------------------------
 
 
-def test_merged_population_averages_the_two_evidence_estimates() -> None:
-    """(Ẑ_a + Ẑ_b)/2 exactly, for unequal population sizes; a population whose Ẑ is e^-200 times
-    the other's leaves no survivor (systematic resampling gives floor/ceil of M·W_i copies)."""
-    g = torch.Generator().manual_seed(3)
-    a = (
-        torch.zeros(6, 2, dtype=torch.float64),
-        torch.zeros(6, 2, dtype=torch.float64),
-        torch.randn(6, generator=g, dtype=torch.float64) - 50.0,
-    )
-    b = (
-        torch.ones(9, 2, dtype=torch.float64),
-        torch.ones(9, 2, dtype=torch.float64),
-        torch.randn(9, generator=g, dtype=torch.float64) - 49.0,
-    )
-    theta, velocity, log_w = stacking.merge_populations(g, a, b)
-    z = [float(torch.logsumexp(p[2], 0)) - math.log(p[2].shape[0]) for p in (a, b)]
-    assert theta.shape == (6, 2) and velocity.shape == (6, 2)
-    assert torch.all(log_w == log_w[0])
-    expected = max(z) + math.log1p(math.exp(min(z) - max(z))) - math.log(2)
-    assert float(log_w[0]) == pytest.approx(expected, abs=1e-12)
-    stuck = (a[0], a[1], a[2] - 200.0)
-    theta, _, _ = stacking.merge_populations(g, stuck, b)
-    assert torch.all(theta == 1.0)
-
-
 def test_reannealing_happens_at_most_once_per_doubling_after_the_warmup() -> None:
     """reanneal_steps=1 marks every block after the warm-up (300 observations) as a change, so the
     re-annealings follow the doubling rule alone: at 400 (the first eligible block), 800, 1600."""
@@ -335,9 +310,11 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float) -> No
             expected.append(n)
             n_reanneal = n
     assert expected[0] == 700 and [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == expected
-    assert e.state.n_change == n_change and 1000 <= n_change <= 1500
-    if horizon == 3.0:
-        assert len(expected) >= 3
+    # the last change: 1000-1500 while re-annealing averaged the two populations; 800 since the replay
+    # replaces the running population (issue 10), whose next blocks then need fewer steps
+    assert e.state.n_change == n_change and 700 <= n_change <= 1500
+    if horizon == 3.0:  # 3 re-annealings when the last change was >= 1000; 700 and 1400 with the replay
+        assert len(expected) >= 2
 
 
 def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:

@@ -92,7 +92,16 @@ def evidence_event_members(model: str, stream: str, row: dict[str, Any], chunks:
 # ----- processed blocks ------------------------------------------------------------------------
 
 #: Fields of a block's diagnostics (``workers.sgais.BlockInfo``) copied into its trace row.
-BLOCK_FIELDS = ("log_predictive", "log_evidence", "annealing_steps", "ess", "resampled", "guard_tripped", "reannealed")
+BLOCK_FIELDS = (
+    "log_predictive",
+    "log_evidence",
+    "annealing_steps",
+    "ess",
+    "resampled",
+    "guard_tripped",
+    "reannealed",
+    "log_evidence_correction",
+)
 
 
 def trace_row(info: Any, *, seq: int, first_index: int, block_observations: int, seconds: float) -> dict[str, Any]:

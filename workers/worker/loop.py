@@ -382,8 +382,9 @@ class Worker(quarantine.QuarantineHooks):
             "log_evidence_se": repr(eng.log_evidence_se),
             "detector": json.dumps(h.detector),
             "last_block": json.dumps(records.block_of(rows[-1])) if rows else "",
-            "status": "ok",
-            "error": "",
+            # the sampler could not certify its value (workers.conflict, the annealing guard): degraded + reason
+            "status": "degraded" if getattr(eng, "degraded", None) else "ok",
+            "error": getattr(eng, "degraded", None) or "",
         }
         if isinstance(eng, SegmentedEngine):  # challengers and segment bookkeeping (issue 12)
             ckpt["changepoint"] = eng.changepoint_bytes()

@@ -1,0 +1,137 @@
+"""Prior–data conflict (issue 10 §3, acceptance 3): raw-scale data get evidence within 5 nats of exact or the
+model is ``degraded``; and the change trigger scales with the dimension (§4).
+
+Exact values: the conjugate formulas of :mod:`models.conjugate` (Murphy 2007 eq. 95; Bishop 2006 eq. 3.86).
+The 5-nat tolerance is the acceptance's; measured errors (``python bench/conflict.py``) are below 1 nat.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.conjugate import LinearRegressionEvidence, gmm_one_component_log_evidence
+from workers import conflict
+from workers.engine import ModelEngine
+
+NILE = Path(__file__).resolve().parents[1] / "data" / "nile.csv"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gmm_on_data_around_300_is_within_5_nats_at_500_and_2000(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    y = rng.normal(300.0, 20.0, 2000)
+    e = ModelEngine("gmm", {"dim": 1, "components": 1}, {"seed": seed})
+    for stop in (500, 2000):
+        e.update(None, y[e.observations : stop].tolist())
+        exact = gmm_one_component_log_evidence(y[:stop])
+        assert e.degraded is None
+        assert abs(e.log_evidence - exact) < 5.0, (stop, e.log_evidence, exact)
+
+
+def test_raw_nile_flows_within_5_nats_or_degraded() -> None:
+    y = np.loadtxt(NILE, delimiter=",", skiprows=1)[:, 1]
+    assert y.shape == (100,)
+    e = ModelEngine("gmm", {"dim": 1, "components": 1}, {"seed": 0})
+    e.update(None, y.tolist())
+    exact = gmm_one_component_log_evidence(y)
+    assert e.degraded is not None or abs(e.log_evidence - exact) < 5.0, (e.log_evidence, exact)
+    assert e.degraded is None  # measured: 0.09 nats off
+
+
+def test_raw_scale_regression_in_blocks_of_10_within_5_nats_or_degraded() -> None:
+    """y = 5·x0 + N(0, 1), x0 ~ U(0, 20), blocks of 10: diverged (NumericalError) before issue 10."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0.0, 20.0, (500, 1))
+    y = 5.0 * X[:, 0] + rng.normal(0.0, 1.0, 500)
+    e = ModelEngine("linear_regression", {"features": 1}, {"block_size": 10, "seed": 0})
+    e.update(X.tolist(), y.tolist())
+    exact = LinearRegressionEvidence(1).update(X, y).log_evidence
+    assert e.degraded is not None or abs(e.log_evidence - exact) < 5.0, (e.log_evidence, exact)
+
+
+def test_score_check_flags_a_population_far_from_the_posterior() -> None:
+    """Stein's identity check (workers.conflict): particles from N(m', s²) against π = N(0, 1)."""
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(50, 2, generator=g, dtype=torch.float64) * 0.5
+    log_w = torch.zeros(50, dtype=torch.float64)
+    assert conflict.score_check(theta, log_w, -theta) is None  # around the mode: certified
+    far = theta + 10.0
+    reason = conflict.score_check(far, log_w, -far)
+    assert reason is not None and "posterior standard deviations" in reason
+
+
+def test_unit_scale_data_keep_the_prior_start() -> None:
+    """No conflict on standardised data: the defensive start is not used (the kernel's bits are unchanged)."""
+    fam = ModelEngine("gmm", {"dim": 1, "components": 1}).family
+    g = torch.Generator().manual_seed(0)
+    prior = fam.sample_prior(g, 50)
+    y = torch.randn(500, 1, generator=g, dtype=torch.float64)
+    assert conflict.defensive_start(g, fam, prior, None, y) is None
+    assert conflict.defensive_start(g, fam, prior, None, y + 300.0) is not None
+
+
+def test_a_full_reservoir_degrades_the_model() -> None:
+    """history_capacity biases the evidence once rows are dropped (bench/conflict.py reservoir: −37 nats for a
+    5-feature regression at n = 20,000 with 500): the model is ``degraded`` from then on, not before."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 1))
+    y = 0.5 * X[:, 0] + rng.normal(size=200)
+    e = ModelEngine("linear_regression", {"features": 1}, {"seed": 0, "block_size": 50, "history_capacity": 100})
+    infos = e.update(X[:100].tolist(), y[:100].tolist())
+    assert e.degraded is None and all(i.degraded is None for i in infos)
+    (info,) = e.update(X[100:150].tolist(), y[100:150].tolist())
+    assert info.degraded == e.degraded and e.degraded is not None
+    assert "history_capacity = 100" in e.degraded and "150 observations" in e.degraded
+
+
+@pytest.mark.slow
+def test_stationary_60_feature_regression_does_not_trigger_reannealing() -> None:
+    """The reanneal_steps trigger scales with √D (stacking.change_threshold): 12 steps fired at D = 61."""
+    rng = np.random.default_rng(0)
+    n, d = 4000, 60
+    X = rng.normal(size=(n, d))
+    y = X @ (0.5 * rng.normal(size=d)) + rng.normal(size=n)
+    e = ModelEngine("linear_regression", {"features": d}, {"seed": 0})
+    infos = e.update(X.tolist(), y.tolist())
+    assert not any(i.reannealed for i in infos)
+    assert e.state is not None and e.state.n_change == 0
+
+
+@pytest.mark.slow
+def test_reannealing_keeps_the_evidence_unbiased_without_moves() -> None:
+    """Acceptance 4: E[Ẑ/Z] = 1 within Monte Carlo error over 100 seeds after re-annealings.
+
+    No SGHMC moves (``burn_in`` = ``change_burn_in`` = 0), no resampling, no warm-up reduction: every estimate
+    is plain importance sampling from the prior, ``Ẑ = mean_i p(y|θ_i)`` with ``θ_i ~ p(θ)`` (thesis eq. 4.6
+    with the incremental weights of eq. 4.13 telescoping), unbiased whatever the adaptive schedule.  The slope
+    changes at n = 20; a block needing ``reanneal_steps`` = 6 annealing steps triggers a re-annealing — an
+    event that depends on the running population.  The replay that replaces the running estimate uses fresh
+    prior draws after the trigger, so ``E[Ẑ | trigger] = Z`` and the mean over seeds is 1 up to Monte Carlo
+    error.  Tails: with M = 50 draws, D = 2 and n = 30, ``p(y|θ)/Z`` has all moments finite (Gaussian) and
+    the ratio over seeds is a mean of 50 of them; measured (``python bench/conflict.py merges``) ESS of the
+    100 ratios 72, so the sample SE is a fair yardstick for the 3-SE bound (asserted below: ESS ≥ 25).
+    """
+    rng = np.random.default_rng(12345)
+    n = 30
+    X = rng.normal(size=(n, 1))
+    y = np.where(np.arange(n) < 20, 0.5, -1.5) * X[:, 0] + 0.3 + rng.normal(size=n)
+    exact = LinearRegressionEvidence(1).update(X, y).log_evidence
+    sampler = {"particles": 50, "warmup_particles": None, "warmup_observations": 0, "burn_in": 0, "change_burn_in": 0}
+    sampler |= {"resample_threshold": 0.0, "block_size": 10, "reanneal_steps": 6}
+    ratios, replaced = [], 0
+    for seed in range(100):
+        e = ModelEngine("linear_regression", {"features": 1}, {**sampler, "seed": seed})
+        infos = e.update(X.tolist(), y.tolist())
+        replaced += any(i.reannealed for i in infos)
+        ratios.append(math.exp(e.log_evidence - exact))
+    r = np.asarray(ratios)
+    se = r.std(ddof=1) / math.sqrt(r.size)
+    ess = r.sum() ** 2 / (r**2).sum()
+    assert replaced >= 50, replaced  # the runs did re-anneal (measured: 94 of 100 on the last block)
+    assert ess >= 25, ess
+    assert abs(r.mean() - 1.0) <= 3 * se, (r.mean(), se, ess)
