@@ -65,7 +65,8 @@ def test_failed_leader_is_listed_raises_no_switch_and_stops_the_wait(api, settin
     def diverge(*args, **kwargs):
         raise NumericalError("SGHMC diverged (test)")
 
-    worker.held["default/b"].engine.update = diverge
+    # the worker absorbs a model's block through SegmentedEngine._before_block (workers/segmented.advance_blocks)
+    worker.held["default/b"].engine._before_block = diverge
     assert api.post("/v1/streams/s/chunks", json=chunks[1]).status_code == 202
     events = events_of(r, settings, lambda: run_until_idle(worker))
 
