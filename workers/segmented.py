@@ -130,9 +130,11 @@ class SegmentedEngine:
         for s in range(0, y.shape[0], size):
             xb, yb = (x[s : s + size] if x is not None else None), y[s : s + size]
             first, lz_prev = self.observations, self.main.log_evidence
-            (info,) = self.main.update(xb, yb, validated=True, heartbeat=heartbeat)
-            if self.cp.enabled:
-                self._after_block(first, xb, yb, info, lz_prev, heartbeat)
+            if not self.cp.enabled:
+                (info,) = self.main.update(xb, yb, validated=True, heartbeat=heartbeat)
+            else:
+                info, before = self._advance(xb, yb, heartbeat)
+                self._after_block(first, xb, yb, info, lz_prev, before, heartbeat)
             infos.append(info._replace(log_evidence=self.log_evidence))
         return infos
 
@@ -157,19 +159,36 @@ class SegmentedEngine:
         eng.update(xb, yb, validated=True, heartbeat=heartbeat)
         return Challenger(first, first - len(ctx), lz_prev, seed, eng, int(yb.shape[0]), dict(before))
 
-    def _after_block(self, first: int, xb, yb, info, lz_prev: float, heartbeat) -> None:
+    def _advance(self, xb, yb, heartbeat) -> tuple[Any, dict[int, float]]:
+        """The main engine and every challenger absorb the block in ONE stacked update (same family and
+        block; each model's bits are those it gets alone, :func:`workers.stacking.advance_stack`), so the
+        challengers share the main engine's kernel calls instead of adding their own.  Returns the main
+        engine's BlockInfo and the challengers' log Ẑ' before the block, by start.
+
+        Raises
+        ------
+        workers.sgais.NumericalError
+            The main engine failed on the block.  A challenger that fails is dropped (it is one
+            candidate fewer; nothing it computed is reported).
+        """
+        before = {c.start: c.engine.log_evidence for c in self.challengers}
+        engines = [self.main] + [c.engine for c in self.challengers]
+        results = advance_stack(engines, [(xb, yb)] * len(engines), validated=True, heartbeat=heartbeat)
+        if isinstance(results[0], Exception):
+            raise results[0]
+        n = int(yb.shape[0])
+        kept = []
+        for c, result in zip(self.challengers, results[1:], strict=True):
+            if not isinstance(result, Exception):
+                c.absorbed += n
+                kept.append(c)
+        self.challengers = kept
+        return results[0][0], before
+
+    def _after_block(self, first: int, xb, yb, info, lz_prev: float, before: dict[int, float], heartbeat) -> None:
         n = int(yb.shape[0])
         last = first + n - 1
         lz = self.main.log_evidence
-        before = {c.start: c.engine.log_evidence for c in self.challengers}
-        # every challenger absorbs the block in one stacked update (same family and block; each model's bits
-        # are those it gets alone, workers.stacking.advance_stack)
-        engines = [c.engine for c in self.challengers]
-        for result in advance_stack(engines, [(xb, yb)] * len(engines), validated=True, heartbeat=heartbeat):
-            if isinstance(result, Exception):
-                raise result
-        for c in self.challengers:
-            c.absorbed += n
         rows = info.observations
         value = info.log_predictive / rows if rows > 0 else math.nan
         z = cp.drop_score(self.state, self.cp, value, rows)
