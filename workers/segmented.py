@@ -133,8 +133,10 @@ class SegmentedEngine:
             if not self.cp.enabled:
                 (info,) = self.main.update(xb, yb, validated=True, heartbeat=heartbeat)
             else:
-                info, before = self._advance(xb, yb, heartbeat)
-                self._after_block(first, xb, yb, info, lz_prev, before, heartbeat)
+                # the populations' states before the block: the main engine's, then by challenger start
+                states = {-1: self.main.state, **{c.start: c.engine.state for c in self.challengers}}
+                info = self._advance(xb, yb, heartbeat)
+                self._after_block(first, xb, yb, info, lz_prev, states, heartbeat)
             infos.append(info._replace(log_evidence=self.log_evidence))
         return infos
 
@@ -149,21 +151,62 @@ class SegmentedEngine:
             over["burn_in"] = self.cp.burn_in
         return self.main.settings.model_copy(update=over).model_dump()
 
-    def _spawn(self, first: int, xb, yb, lz_prev: float, before: dict[int, float], heartbeat) -> Challenger:
-        seed = cp.challenger_seed(self.seed, first)
+    def _spawn(self, start: int, xb, yb, k: int, base: float, bases: dict[int, float], heartbeat) -> Challenger:
+        """A challenger started at ``start`` = the block's first index + ``k``: it absorbs ``yb[k:]``."""
+        seed = cp.challenger_seed(self.seed, start)
         eng = ModelEngine(self.family.name, self.family.params.model_dump(), self._sampler(seed))
-        ctx = self.context
-        if ctx:  # the conditioned-on values before `first` (autoregressive): no likelihood rows
+        ctx = self._context_rows(self.context, xb[:k] if xb is not None else None, yb[:k])
+        if ctx:  # the conditioned-on values before `start` (autoregressive): no likelihood rows
             cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
             eng.update(cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64), validated=True)
-        eng.update(xb, yb, validated=True, heartbeat=heartbeat)
-        return Challenger(first, first - len(ctx), lz_prev, seed, eng, int(yb.shape[0]), dict(before))
+        eng.update(xb[k:] if xb is not None else None, yb[k:], validated=True, heartbeat=heartbeat)
+        return Challenger(start, start - len(ctx), base, seed, eng, int(yb.shape[0]) - k, dict(bases))
 
-    def _advance(self, xb, yb, heartbeat) -> tuple[Any, dict[int, float]]:
+    def _locate(self, states: list[Any], xb, yb) -> tuple[int, list[float]]:
+        """Where in a block with a drop the change most probably starts, and each population's
+        log-predictive of the block's values before it (nats; main engine first, then the challengers).
+
+        Each population's one-step predictive of every row from its particles before the block,
+        ``log p̂(y_i | y_{<f}) = logsumexp_m(log w̄_m + log p(y_i | θ_m))`` (the first annealing increment,
+        thesis eq. 4.6), is compared with the segment's median per-observation log-predictive (before two
+        baseline blocks exist: the block's mean); the start ``k`` maximises the tail sum
+        ``Σ_{i≥k}`` (median − log p̂(y_i)) (the CUSUM split, Page 1954).
+        The populations' evidences of ``y_f … y_{f+k−1}`` are the importance estimates
+        ``logsumexp_m(log w̄_m + Σ_{i<k} log p(y_i | θ_m))``, so that a challenger started mid-block is
+        compared on exactly the observations it did not see.  Blocks of one value give ``k = 0``.
+        """
+        n = int(yb.shape[0])
+        if n <= 1:
+            return 0, [0.0] * len(states)
+        fam = self.family
+        prefix: list[torch.Tensor] = []
+        k = 0
+        for j, st in enumerate(states):
+            xr, yr, _ = fam.prepare(xb, yb, st.context)
+            off = n - int(yr.shape[0])  # values taken into the context at the stream's start (no rows)
+            with torch.no_grad():
+                ll = fam.log_likelihood(st.theta, xr, yr)  # [M, R]
+                lw = st.log_w - torch.logsumexp(st.log_w, 0)
+                if j == 0:
+                    lp = torch.logsumexp(lw[:, None] + ll, 0)  # [R]
+                    if len(self.state["values"]) >= 2:
+                        med, _ = cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)
+                    else:  # no baseline yet: the block's own mean (the classic CUSUM split of one block)
+                        med = float(lp.mean())
+                    tail = torch.flip(torch.cumsum(torch.flip(med - lp, [0]), 0), [0])
+                    k = off + int(torch.argmax(tail))
+                rows = k - off
+                if rows <= 0:
+                    prefix.append(torch.zeros(()))
+                else:
+                    prefix.append(torch.logsumexp(lw + ll[:, :rows].sum(1), 0))
+        return k, [float(v) for v in prefix]
+
+    def _advance(self, xb, yb, heartbeat) -> Any:
         """The main engine and every challenger absorb the block in ONE stacked update (same family and
         block; each model's bits are those it gets alone, :func:`workers.stacking.advance_stack`), so the
         challengers share the main engine's kernel calls instead of adding their own.  Returns the main
-        engine's BlockInfo and the challengers' log Ẑ' before the block, by start.
+        engine's BlockInfo.
 
         Raises
         ------
@@ -171,7 +214,6 @@ class SegmentedEngine:
             The main engine failed on the block.  A challenger that fails is dropped (it is one
             candidate fewer; nothing it computed is reported).
         """
-        before = {c.start: c.engine.log_evidence for c in self.challengers}
         engines = [self.main] + [c.engine for c in self.challengers]
         results = advance_stack(engines, [(xb, yb)] * len(engines), validated=True, heartbeat=heartbeat)
         if isinstance(results[0], Exception):
@@ -183,9 +225,11 @@ class SegmentedEngine:
                 c.absorbed += n
                 kept.append(c)
         self.challengers = kept
-        return results[0][0], before
+        return results[0][0]
 
-    def _after_block(self, first: int, xb, yb, info, lz_prev: float, before: dict[int, float], heartbeat) -> None:
+    def _after_block(self, first: int, xb, yb, info, lz_prev: float, states: dict[int, Any], heartbeat) -> None:
+        """The change posterior after a block: spawn, confirm or prune challengers (module docstring).
+        ``states``: the populations' states before the block (key −1: the main engine's; else by start)."""
         n = int(yb.shape[0])
         last = first + n - 1
         lz = self.main.log_evidence
@@ -197,7 +241,12 @@ class SegmentedEngine:
         if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
             if heartbeat is not None:
                 heartbeat()
-            self.challengers.append(self._spawn(first, xb, yb, lz_prev, before, heartbeat))
+            pre = [states[-1]] + [states[c.start] for c in self.challengers]
+            k, prefix = self._locate(pre, xb, yb)
+            bases = {
+                c.start: st.log_evidence + p for c, st, p in zip(self.challengers, pre[1:], prefix[1:], strict=True)
+            }
+            self.challengers.append(self._spawn(first + k, xb, yb, k, lz_prev + prefix[0], bases, heartbeat))
             self.started += 1
             spawned = len(self.challengers) - 1
         self._remember_context(xb, yb)
@@ -248,12 +297,16 @@ class SegmentedEngine:
         self.challengers = rest
         self.state = cp.initial_state(win.start, self.cp)
 
-    def _remember_context(self, xb, yb) -> None:
+    def _context_rows(self, context: list[list[Any]], xb, yb) -> list[list[Any]]:
+        """The last ``context_size`` stream rows ``[x, y]`` after ``context`` then the block's values."""
         k = self.family.context_size
         if k <= 0:
-            return
+            return []
         rows = [[None if xb is None else xb[i].tolist(), yb[i].tolist()] for i in range(int(yb.shape[0]))]
-        self.context = (self.context + rows)[-k:]
+        return (context + rows)[-k:]
+
+    def _remember_context(self, xb, yb) -> None:
+        self.context = self._context_rows(self.context, xb, yb)
 
     # ----- checkpoint -------------------------------------------------------------------------
     def changepoint_bytes(self) -> bytes:
