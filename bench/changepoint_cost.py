@@ -56,7 +56,7 @@ def segmented(data: list[list[float]]) -> tuple[float, float, int, float]:
         spawn_seconds += time.perf_counter() - t
         return out
 
-    eng._spawn = timed_spawn  # type: ignore[method-assign]
+    eng._spawn = timed_spawn
     alive = []
     t0 = time.perf_counter()
     for c in data:
