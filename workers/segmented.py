@@ -162,15 +162,36 @@ class SegmentedEngine:
         eng.update(xb[k:] if xb is not None else None, yb[k:], validated=True, heartbeat=heartbeat)
         return Challenger(start, start - len(ctx), base, seed, eng, int(yb.shape[0]) - k, dict(bases))
 
+    def _split(self, lp: torch.Tensor) -> int:
+        """The row ``k`` where a block's per-row log-predictives ``lp: [R]`` most probably change level: least
+        squares with the rows before ``k`` at the segment's median per-observation log-predictive and the rows
+        from ``k`` on at their own mean (``k = 0``: the whole block is new).  Before any baseline block the
+        rows before ``k`` take their own mean too (the classic one-change split, ``k ≥ 1``)."""
+        r = int(lp.shape[0])
+        if r <= 1:
+            return 0
+        rev = torch.flip(lp, [0])
+        s1 = torch.flip(torch.cumsum(rev, 0), [0])  # Σ_{i≥k} lp_i
+        s2 = torch.flip(torch.cumsum(rev * rev, 0), [0])
+        count = torch.arange(r, 0, -1, dtype=lp.dtype)
+        post = s2 - s1 * s1 / count  # squared error of rows k.. about their mean
+        if self.state["values"]:
+            med, _ = cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)
+            pre = torch.cat([lp.new_zeros(1), torch.cumsum((lp - med) ** 2, 0)[:-1]])
+            return int(torch.argmin(pre + post))
+        c1 = torch.cumsum(lp, 0)[:-1]  # rows 0..k−1, k = 1..R−1
+        c2 = torch.cumsum(lp * lp, 0)[:-1]
+        pre = c2 - c1 * c1 / torch.arange(1, r, dtype=lp.dtype)
+        return 1 + int(torch.argmin(pre + post[1:]))
+
     def _locate(self, states: list[Any], xb, yb) -> tuple[int, list[float]]:
-        """Where in a block with a drop the change most probably starts, and each population's
+        """Where in the block a challenger started at it most probably starts, and each population's
         log-predictive of the block's values before it (nats; main engine first, then the challengers).
 
         Each population's one-step predictive of every row from its particles before the block,
         ``log p̂(y_i | y_{<f}) = logsumexp_m(log w̄_m + log p(y_i | θ_m))`` (the first annealing increment,
-        thesis eq. 4.6), is compared with the segment's median per-observation log-predictive (before two
-        baseline blocks exist: the block's mean); the start ``k`` maximises the tail sum
-        ``Σ_{i≥k}`` (median − log p̂(y_i)) (the CUSUM split, Page 1954).
+        thesis eq. 4.6), gives the start ``k`` by a least-squares split (:meth:`_split`: before ``k`` at the
+        segment's median per-observation log-predictive, from ``k`` at the rows' own level).
         The populations' evidences of ``y_f … y_{f+k−1}`` are the importance estimates
         ``logsumexp_m(log w̄_m + Σ_{i<k} log p(y_i | θ_m))``, so that a challenger started mid-block is
         compared on exactly the observations it did not see.  Blocks of one value give ``k = 0``.
@@ -188,13 +209,7 @@ class SegmentedEngine:
                 ll = fam.log_likelihood(st.theta, xr, yr)  # [M, R]
                 lw = st.log_w - torch.logsumexp(st.log_w, 0)
                 if j == 0:
-                    lp = torch.logsumexp(lw[:, None] + ll, 0)  # [R]
-                    if len(self.state["values"]) >= 2:
-                        med, _ = cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)
-                    else:  # no baseline yet: the block's own mean (the classic CUSUM split of one block)
-                        med = float(lp.mean())
-                    tail = torch.flip(torch.cumsum(torch.flip(med - lp, [0]), 0), [0])
-                    k = off + int(torch.argmax(tail))
+                    k = off + self._split(torch.logsumexp(lw[:, None] + ll, 0))
                 rows = k - off
                 if rows <= 0:
                     prefix.append(torch.zeros(()))
