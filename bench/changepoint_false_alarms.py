@@ -37,10 +37,10 @@ def stream(family: str, n: int, seed: int) -> tuple[list | None, list]:
     randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     if family == "linear_regression":
         x = randn(n, 2)
-        return x.tolist(), (x @ torch.tensor([0.7, -0.4]) + 0.3 + randn(n)).tolist()
+        return x.tolist(), (x @ torch.tensor([0.7, -0.4], dtype=torch.float64) + 0.3 + randn(n)).tolist()
     if family == "logistic_regression":
         x = randn(n, 2)
-        p = torch.sigmoid(x @ torch.tensor([1.0, -0.5]) + 0.2)
+        p = torch.sigmoid(x @ torch.tensor([1.0, -0.5], dtype=torch.float64) + 0.2)
         return x.tolist(), (torch.rand(n, generator=g, dtype=torch.float64) < p).long().tolist()
     if family == "gmm":
         comp = torch.rand(n, generator=g) < 0.4
@@ -52,7 +52,7 @@ def stream(family: str, n: int, seed: int) -> tuple[list | None, list]:
         return None, y.tolist()
     if family == "bnn":
         x = randn(n, 2)
-        return x.tolist(), (torch.tanh(x @ torch.tensor([0.8, -0.6])) + randn(n)).tolist()
+        return x.tolist(), (torch.tanh(x @ torch.tensor([0.8, -0.6], dtype=torch.float64)) + randn(n)).tolist()
     raise KeyError(family)
 
 

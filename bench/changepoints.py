@@ -118,7 +118,13 @@ def run_model(parts: list[tuple[str, dict]], z: np.ndarray, sampler: dict, cps: 
 
 
 def compute_traces(
-    block: int, sampler_extra: dict, refresh: bool, score_only: bool = False, names: list[str] | None = None
+    block: int,
+    sampler_extra: dict,
+    refresh: bool,
+    score_only: bool = False,
+    names: list[str] | None = None,
+    cps: dict | None = None,
+    models: list[str] | None = None,
 ) -> dict:
     """Traces of every series (or ``names``), cached one file per series (so series can run in parallel
     processes: ``--series``); ``score_only`` loads whatever is cached."""
@@ -131,8 +137,11 @@ def compute_traces(
         "seed": 0,
         **sampler_extra,
     }
-    key = hashlib.sha1(json.dumps({**sampler, "challengers": 1}, sort_keys=True).encode()).hexdigest()[:10]
-    out: dict = {"sampler": sampler, "series": {}}
+    ident: dict = {**sampler, "challengers": 1}
+    if cps:  # change-point settings other than the defaults (ChangepointSettings overrides)
+        ident["changepoint"] = cps
+    key = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
+    out: dict = {"sampler": sampler, "changepoint": cps or {}, "series": {}}
     legacy = OUT / f"changepoint_traces_{key}.partial.json"  # all series in one file (earlier runs)
     if legacy.exists() and not refresh:
         out["series"].update(json.loads(legacy.read_text())["series"])
@@ -149,8 +158,10 @@ def compute_traces(
         z = s.standardised()
         res = {}
         for model, parts in model_specs(z.shape[1]).items():
+            if models and model not in models:
+                continue
             t0 = time.perf_counter()
-            traces = run_model(parts, z, sampler)
+            traces = run_model(parts, z, sampler, cps)
             res[model] = {
                 "traces": traces,
                 "seconds": time.perf_counter() - t0,
@@ -240,6 +251,9 @@ def score(data: dict, settings: alerts.AlertSettings, verbose: bool = True) -> d
                 pts = pelt_points(z)
             elif how == "drop":  # the old detectors (evidence_drop, annealing_spike) on the leader's trace
                 pts = sgais_points(models[leader]["traces"], settings)
+            elif isinstance(how, str) and how not in ("leader", *models):
+                row.append("—")  # model not run (--models)
+                continue
             elif isinstance(how, str):
                 pts = sgais_points(models[leader if how == "leader" else how]["traces"], settings, ("change_point",))
             else:
@@ -267,12 +281,16 @@ def main() -> None:
     ap.add_argument("--settings", default="{}", help="AlertSettings overrides as JSON")
     ap.add_argument("--score-only", action="store_true", help="score the cached (possibly partial) traces, run nothing")
     ap.add_argument("--series", default=None, help="comma-separated series to run (default: all, then score)")
+    ap.add_argument("--changepoint", default="{}", help="ChangepointSettings overrides as JSON (default: the defaults)")
+    ap.add_argument("--models", default=None, help="comma-separated models to run (default: all of model_specs)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     names = args.series.split(",") if args.series else None
-    data = compute_traces(args.block, {}, args.refresh, score_only=args.score_only, names=names)
+    cps = json.loads(args.changepoint)
+    models = args.models.split(",") if args.models else None
+    data = compute_traces(args.block, {}, args.refresh, args.score_only, names, cps, models)
     settings = alerts.AlertSettings(**json.loads(args.settings))
-    print(f"block={args.block} sampler={data['sampler']} alerts={settings.model_dump()}")
+    print(f"block={args.block} sampler={data['sampler']} changepoint={cps} alerts={settings.model_dump()}")
     score(data, settings)
     print(f"{time.perf_counter() - t0:.0f} s")
 

@@ -85,7 +85,10 @@ class _Step:
     jobs: list[ModelEngine] = field(default_factory=list)  # the populations absorbing the block, main first
     before: dict[int, float] = field(default_factory=dict)  # challengers' log Ẑ before the block, by start
     before_var: dict[int, float] = field(default_factory=dict)  # their Var(log Ẑ) (nats²)
-    spawn: Challenger | None = None  # a challenger started at this block
+    states: list[Any] = field(default_factory=list)  # the populations' states before the block, main first
+    failed: set[int] = field(default_factory=set)  # id() of the challengers' engines that failed on the block
+    spawn: Challenger | None = None  # a challenger started in this block
+    spawn_k: int = 0  # its first row in the block (it absorbs rows spawn_k..)
     info: BlockInfo | None = None  # the main population's
     value: float = math.nan  # its per-observation log-predictive (nats)
 
@@ -116,8 +119,8 @@ def advance_blocks(
             steps.append(None)
             out[k] = err
     live = [(k, st) for k, st in enumerate(steps) if st is not None]
-    _stacked([(k, st, e) for k, st in live for e in st.jobs], out, heartbeat)
-    spawns: list[tuple[int, _Step, ModelEngine]] = []
+    _stacked([(k, st, e, (st.xb, st.yb)) for k, st in live for e in st.jobs], out, heartbeat)
+    spawns: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]] = []
     for k, st in live:
         info = out[k]
         if isinstance(info, BlockInfo) and st.seg.cp.enabled:
@@ -127,7 +130,8 @@ def advance_blocks(
                 out[k] = err
                 continue
             if c is not None:
-                spawns.append((k, st, c.engine))
+                j = st.spawn_k
+                spawns.append((k, st, c.engine, (st.xb[j:] if st.xb is not None else None, st.yb[j:])))
     _stacked(spawns, out, heartbeat)
     for k, st in live:
         info = out[k]
@@ -142,15 +146,20 @@ def advance_blocks(
     return out  # type: ignore[return-value]
 
 
-def _stacked(jobs: list[tuple[int, _Step, ModelEngine]], out: list[Any], heartbeat: Callable[[], None] | None) -> None:
-    """One :func:`advance_stack` call over ``jobs`` (engine ``k``'s step, a population absorbing its block):
-    ``out[k]`` becomes the first error of engine ``k``'s populations, else its main population's BlockInfo."""
-    results = advance_stack([e for _, _, e in jobs], [(st.xb, st.yb) for _, st, _ in jobs],
-                            validated=True, heartbeat=heartbeat)  # fmt: skip
-    for (k, st, e), res in zip(jobs, results, strict=True):
-        if isinstance(res, Exception):
+def _stacked(
+    jobs: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]], out: list[Any], heartbeat: Callable[[], None] | None
+) -> None:
+    """One :func:`advance_stack` call over ``jobs`` (engine ``k``'s step, a population, the rows it absorbs):
+    ``out[k]`` becomes the main population's error or BlockInfo; a challenger that fails is noted in the step's
+    ``failed`` (it is dropped: one candidate fewer, nothing it computed is reported)."""
+    results = advance_stack([e for _, _, e, _ in jobs], [b for _, _, _, b in jobs], validated=True, heartbeat=heartbeat)
+    for (k, st, e, _), res in zip(jobs, results, strict=True):
+        if e is not st.seg.main:
+            if isinstance(res, Exception):
+                st.failed.add(id(e))
+        elif isinstance(res, Exception):
             out[k] = out[k] if isinstance(out[k], Exception) else res
-        elif e is st.seg.main and out[k] is None:
+        elif out[k] is None:
             out[k] = res[0]
 
 
@@ -255,46 +264,115 @@ class SegmentedEngine:
         return self.main.settings.model_copy(update=over).model_dump()
 
     def _before_block(self, first: int, xb, yb) -> _Step:
-        """The block's jobs before any population moves: the main population, every challenger, and a
-        challenger started here by the geometric grid (it absorbs the block with the others)."""
+        """The block's jobs before any population moves: the main population and every challenger, with their
+        states and log Ẑ before the block (a challenger started in the block is placed after it, :meth:`_locate`)."""
         step = _Step(self, first, xb, yb, self.main.log_evidence, self.main._st.log_evidence_var)
         step.jobs.append(self.main)
         if not self.cp.enabled:
             return step
         step.before = {c.start: c.engine.log_evidence for c in self.challengers}
         step.before_var = {c.start: c.engine._st.log_evidence_var for c in self.challengers}
+        step.states = [self.main.state] + [c.engine.state for c in self.challengers]
         step.jobs += [c.engine for c in self.challengers]
-        if first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first):
-            step.spawn = self._new_challenger(first, step)
-            step.jobs.append(step.spawn.engine)
         return step
 
     def _after_main(self, step: _Step, info: BlockInfo) -> Challenger | None:
-        """After the main population and the challengers absorbed the block: a challenger to start at a block
-        whose log-predictive dropped (``spawn_z``; it absorbs the block in a second stacked call), or None."""
+        """After the main population and the challengers absorbed the block: the challengers that failed are
+        dropped; a challenger is started where the block's log-predictive changes level (:meth:`_locate`) when
+        the block dropped (``spawn_z``) or reached the geometric grid; it absorbs the block from there in a second
+        stacked call.  Returns it, or None."""
         step.info = info
+        n = int(step.yb.shape[0])
+        alive = [
+            (c, s) for c, s in zip(self.challengers, step.states[1:], strict=True) if id(c.engine) not in step.failed
+        ]
+        self.challengers = [c for c, _ in alive]
         for c in self.challengers:
-            c.absorbed += int(step.yb.shape[0])
+            c.absorbed += n
         rows = info.observations
         step.value = info.log_predictive / rows if rows > 0 else math.nan
         z = cp.drop_score(self.state, self.cp, step.value, rows)
-        if step.spawn is None and step.first > self.state["segment_start"] and z >= self.cp.spawn_z:
-            step.spawn = self._new_challenger(step.first, step)
+        first = step.first
+        due = first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first)
+        if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
+            k, prefix = self._locate([step.states[0]] + [s for _, s in alive], step.xb, step.yb)
+            bases = {c.start: step.before[c.start] + p for (c, _), p in zip(alive, prefix[1:], strict=True)}
+            base_vars = {c.start: step.before_var[c.start] for c, _ in alive}
+            step.spawn_k = k
+            step.spawn = self._new_challenger(
+                first + k, k, step.lz_prev + prefix[0], step.var_prev, bases, base_vars, step.xb, step.yb
+            )
             return step.spawn
         return None
 
-    def _new_challenger(self, first: int, step: _Step) -> Challenger:
-        """A fresh challenger started at ``first`` (the conditioned-on context absorbed; the block not yet); its
-        bases are the main population's and the other challengers' log Ẑ before ``step``'s block."""
-        seed = cp.challenger_seed(self.seed, first)
+    def _new_challenger(
+        self, start: int, k: int, base: float, base_var: float, bases: dict[int, float], base_vars, xb, yb
+    ) -> Challenger:
+        """A fresh challenger started at ``start`` = the block's first index + ``k`` (the conditioned-on context
+        absorbed, the block's rows from ``k`` not yet); ``base``/``bases``: the main population's and the other
+        challengers' log Ẑ up to ``start`` (nats), ``base_var``/``base_vars`` their variances (nats²)."""
+        seed = cp.challenger_seed(self.seed, start)
         eng = ModelEngine(self.family.name, self.family.params.model_dump(), self._sampler(seed))
-        ctx = self.context
-        if ctx:  # the conditioned-on values before `first` (autoregressive): no likelihood rows
+        ctx = self._context_rows(self.context, xb[:k] if xb is not None else None, yb[:k])
+        if ctx:  # the conditioned-on values before `start` (autoregressive): no likelihood rows
             cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
             eng.update(cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64), validated=True)
-        return Challenger(
-            first, first - len(ctx), step.lz_prev, seed, eng, 0, dict(step.before), step.var_prev, dict(step.before_var)
-        )
+        return Challenger(start, start - len(ctx), base, seed, eng, 0, bases, base_var, base_vars)
+
+    def _split(self, lp: torch.Tensor) -> int:
+        """The row ``k`` where a block's per-row log-predictives ``lp: [R]`` most probably change level: least
+        squares with the rows before ``k`` at the segment's median per-observation log-predictive and the rows
+        from ``k`` on at their own mean (``k = 0``: the whole block is new).  Before any baseline block the
+        rows before ``k`` take their own mean too (the classic one-change split, ``k ≥ 1``)."""
+        r = int(lp.shape[0])
+        if r <= 1:
+            return 0
+        rev = torch.flip(lp, [0])
+        s1 = torch.flip(torch.cumsum(rev, 0), [0])  # Σ_{i≥k} lp_i
+        s2 = torch.flip(torch.cumsum(rev * rev, 0), [0])
+        count = torch.arange(r, 0, -1, dtype=lp.dtype)
+        post = s2 - s1 * s1 / count  # squared error of rows k.. about their mean
+        if self.state["values"]:
+            med, _ = cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)
+            pre = torch.cat([lp.new_zeros(1), torch.cumsum((lp - med) ** 2, 0)[:-1]])
+            return int(torch.argmin(pre + post))
+        c1 = torch.cumsum(lp, 0)[:-1]  # rows 0..k−1, k = 1..R−1
+        c2 = torch.cumsum(lp * lp, 0)[:-1]
+        pre = c2 - c1 * c1 / torch.arange(1, r, dtype=lp.dtype)
+        return 1 + int(torch.argmin(pre + post[1:]))
+
+    def _locate(self, states: list[Any], xb, yb) -> tuple[int, list[float]]:
+        """Where in the block a challenger started at it most probably starts, and each population's
+        log-predictive of the block's values before it (nats; main engine first, then the challengers).
+
+        Each population's one-step predictive of every row from its particles before the block,
+        ``log p̂(y_i | y_{<f}) = logsumexp_m(log w̄_m + log p(y_i | θ_m))`` (the first annealing increment,
+        thesis eq. 4.6), gives the start ``k`` by a least-squares split (:meth:`_split`: before ``k`` at the
+        segment's median per-observation log-predictive, from ``k`` at the rows' own level).
+        The populations' evidences of ``y_f … y_{f+k−1}`` are the importance estimates
+        ``logsumexp_m(log w̄_m + Σ_{i<k} log p(y_i | θ_m))``, so that a challenger started mid-block is
+        compared on exactly the observations it did not see.  Blocks of one value give ``k = 0``.
+        """
+        n = int(yb.shape[0])
+        if n <= 1:
+            return 0, [0.0] * len(states)
+        fam = self.family
+        prefix: list[torch.Tensor] = []
+        k = 0
+        for j, st in enumerate(states):
+            xr, yr, _ = fam.prepare(xb, yb, st.context)
+            off = n - int(yr.shape[0])  # values taken into the context at the stream's start (no rows)
+            with torch.no_grad():
+                ll = fam.log_likelihood(st.theta, xr, yr)  # [M, R]
+                lw = st.log_w - torch.logsumexp(st.log_w, 0)
+                if j == 0:
+                    k = off + self._split(torch.logsumexp(lw[:, None] + ll, 0))
+                rows = k - off
+                if rows <= 0:
+                    prefix.append(torch.zeros(()))
+                else:
+                    prefix.append(torch.logsumexp(lw + ll[:, :rows].sum(1), 0))
+        return k, [float(v) for v in prefix]
 
     def _after_block(self, step: _Step) -> None:
         """The change posterior after every population absorbed the block: alerts, confirmation, pruning."""
@@ -302,8 +380,8 @@ class SegmentedEngine:
         last = step.first + n - 1
         lz = self.main.log_evidence
         spawned = None
-        if step.spawn is not None:
-            step.spawn.absorbed = n
+        if step.spawn is not None and id(step.spawn.engine) not in step.failed:
+            step.spawn.absorbed = n - step.spawn_k
             self.challengers.append(step.spawn)
             self.started += 1
             spawned = len(self.challengers) - 1
@@ -359,12 +437,16 @@ class SegmentedEngine:
         self.challengers = rest
         self.state = cp.initial_state(win.start, self.cp)
 
-    def _remember_context(self, xb, yb) -> None:
+    def _context_rows(self, context: list[list[Any]], xb, yb) -> list[list[Any]]:
+        """The last ``context_size`` stream rows ``[x, y]`` after ``context`` then the block's values."""
         k = self.family.context_size
         if k <= 0:
-            return
+            return []
         rows = [[None if xb is None else xb[i].tolist(), yb[i].tolist()] for i in range(int(yb.shape[0]))]
-        self.context = (self.context + rows)[-k:]
+        return (context + rows)[-k:]
+
+    def _remember_context(self, xb, yb) -> None:
+        self.context = self._context_rows(self.context, xb, yb)
 
     # ----- checkpoint -------------------------------------------------------------------------
     def changepoint_bytes(self) -> bytes:

@@ -118,6 +118,26 @@ def test_one_or_fifty_per_chunk_give_the_same_alerts():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", [GAUSS, ("autoregressive", {"order": 1})])
+def test_one_or_fifty_per_chunk_default_blocks(family):
+    """Acceptance 4 with the default block_size (500): chunks of 1 make blocks of 1, chunks of 50 blocks of
+    50, so the SGAIS draws differ; a 5-sd shift at 137 (inside a 50-block) is still placed at the same
+    observation ±1 both ways, because a challenger starts where the block's own predictive drops
+    (SegmentedEngine._locate), not at the block start."""
+    y = shifted(300, 137, 5.0, seed=4)
+    found = {}
+    for chunk in (1, 50):
+        eng = SegmentedEngine.create(*family, {**CHEAP, "seed": 1}, cp.ChangepointSettings())
+        assert eng.settings.block_size == 500
+        found[chunk] = []
+        for k in range(0, 300, chunk):
+            eng.update(None, y[k : k + chunk])
+            found[chunk] += [a["observation_index"] for a in eng.take_alerts()]
+    assert len(found[1]) == len(found[50]) == 1, found
+    assert abs(found[1][0] - found[50][0]) <= 1 and abs(found[50][0] - 137) <= 1, found
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_no_false_alarm_on_a_stationary_stream(seed):
     """2,000 stationary Gaussian values in blocks of 50: no change_point (Ville's bound with the default

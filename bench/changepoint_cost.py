@@ -1,0 +1,97 @@
+"""Challenger cost (issue 12, item 6): worker time per observation of a model with and without its challengers.
+
+The live-feed workload of ``bench/live_feed.py`` without the service: a one-component ``gmm`` (default sampler,
+seed 0) fed ``--chunks`` chunks of 5 stationary N(0.3, 1) values, once as the bare :class:`ModelEngine` and once
+as a :class:`SegmentedEngine` (change-point defaults), in the same process, alternating ``--repeats`` times
+(the ratio is taken per repeat, so machine load that drifts between repeats cancels). Prints ms per block
+(one 5-value chunk), the ratio, challengers started and alive on average, and the share of the segmented
+time spent starting challengers (their first block from the prior).
+
+    python bench/changepoint_cost.py [--chunks 40,400] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workers.changepoint import ChangepointSettings  # noqa: E402
+from workers.engine import ModelEngine  # noqa: E402
+from workers.segmented import SegmentedEngine  # noqa: E402
+
+CHUNK = 5
+FAMILY, PARAMS, SAMPLER = "gmm", {"dim": 1, "components": 1}, {"seed": 0}
+
+
+def chunks(n: int, seed: int = 0) -> list[list[float]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(0.3 + torch.randn(CHUNK, generator=g, dtype=torch.float64)).tolist() for _ in range(n)]
+
+
+def bare(data: list[list[float]]) -> float:
+    eng = ModelEngine(FAMILY, PARAMS, SAMPLER)
+    t0 = time.perf_counter()
+    for c in data:
+        eng.update(None, c)
+    return time.perf_counter() - t0
+
+
+def segmented(data: list[list[float]]) -> tuple[float, float, int, float]:
+    """(seconds, seconds starting challengers, challengers started, mean alive after a block)."""
+    eng = SegmentedEngine.create(FAMILY, PARAMS, SAMPLER, ChangepointSettings())
+    spawn_seconds = 0.0
+    spawn = eng._spawn
+
+    def timed_spawn(*a, **k):
+        nonlocal spawn_seconds
+        t = time.perf_counter()
+        out = spawn(*a, **k)
+        spawn_seconds += time.perf_counter() - t
+        return out
+
+    eng._spawn = timed_spawn
+    alive = []
+    t0 = time.perf_counter()
+    for c in data:
+        eng.update(None, c)
+        eng.take_alerts()
+        alive.append(len(eng.challengers))
+    return time.perf_counter() - t0, spawn_seconds, eng.started, statistics.fmean(alive)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", default="40,400")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    ModelEngine(FAMILY, PARAMS, SAMPLER)  # first-use costs (imports, lazy initialisation) outside the timings
+    print("| chunks | bare ms/block | with challengers ms/block | ratio | started | alive (mean) | spawn share |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n in (int(v) for v in args.chunks.split(",")):
+        data = chunks(n)
+        rows = []
+        for _ in range(args.repeats):
+            tb = bare(data)
+            ts, sp, started, alive = segmented(data)
+            rows.append((tb, ts, sp, started, alive))
+        tb = statistics.median(r[0] for r in rows)
+        ts = statistics.median(r[1] for r in rows)
+        ratio = statistics.median(r[1] / r[0] for r in rows)
+        share = statistics.median(r[2] / r[1] for r in rows)
+        print(
+            f"| {n} | {1000 * tb / n:.1f} | {1000 * ts / n:.1f} | {ratio:.2f} | {rows[0][3]} | {rows[0][4]:.2f} "
+            f"| {100 * share:.0f}% |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
