@@ -54,6 +54,27 @@ def test_raw_scale_regression_in_blocks_of_10_within_5_nats_or_degraded() -> Non
     assert e.degraded is not None or abs(e.log_evidence - exact) < 5.0, (e.log_evidence, exact)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("block_size", [10, None])
+def test_unknown_noise_regression_on_raw_scale_within_5_nats_or_degraded(block_size: int | None) -> None:
+    """Issue 10 acceptance 3, second half: the normal–inverse-gamma regression, default priors, covariates
+    ~ U(0, 20) and a response around 300 with noise sd 20 (n = 1,000, chunks of 100).  Measured (seeds 0, 1):
+    blocks of 10 end about −250 nats from exact and are ``degraded`` by the score check; the default blocks end
+    −1.4 and −3.6 nats from exact, ``ok`` (the second is 8 reported standard errors off: the error bar does not
+    cover the sampler's bias here, noted in the issue)."""
+    from models.conjugate import linear_regression_log_evidence
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0.0, 20.0, (1000, 2))
+    y = 5.0 * X[:, 0] - 2.0 * X[:, 1] + 300.0 + rng.normal(0.0, 20.0, 1000)
+    exact = linear_regression_log_evidence(X, y, noise_std=None)
+    sampler = {"seed": 0} | ({"block_size": block_size} if block_size else {})
+    e = ModelEngine("linear_regression", {"features": 2, "noise_std": None}, sampler)
+    for a in range(0, 1000, 100):
+        e.update(X[a : a + 100].tolist(), y[a : a + 100].tolist())
+    assert e.degraded is not None or abs(e.log_evidence - exact) < 5.0, (e.log_evidence, exact)
+
+
 def test_score_check_flags_a_population_far_from_the_posterior() -> None:
     """Stein's identity check (workers.conflict): particles from N(m', s²) against π = N(0, 1)."""
     g = torch.Generator().manual_seed(0)
