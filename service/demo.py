@@ -138,7 +138,7 @@ def run_demo(
     url: str | None = None,
     api_key: str | None = None,
     console: Console | None = None,
-    timeout: float = 60.0,
+    timeout: float = 600.0,
     _started_at: float | None = None,
 ) -> dict[str, Any]:
     """Run the demo; write plots and the summary under ``out``. Returns the summary rows.

@@ -29,6 +29,16 @@ def service_url():
         yield url
 
 
+def test_demo_past_its_time_limit_reports_what_it_has_and_what_is_missing(service_url, tmp_path):
+    """Issue 9 §6: a time limit never discards finished work.  With a limit shorter than the report's reserve
+    the demo stops waiting at once: it still writes the summary and the plot, and names what is missing."""
+    result = run_demo(tmp_path, quick=True, url=service_url, timeout=1.0)
+    assert result["missing"] and set(result["missing"]) == {"UKCoalEmploy"}
+    assert set(result["missing"]["UKCoalEmploy"]) == {"ar1", "gmm1"}
+    assert "**Incomplete**" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "summary.csv").exists() and list(tmp_path.glob("*.png"))
+
+
 @pytest.mark.slow
 def test_quick_demo_writes_plots_summary_and_alerts(service_url, tmp_path):
     result = run_demo(tmp_path, quick=True, url=service_url, timeout=240)
