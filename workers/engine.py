@@ -35,6 +35,7 @@ from safetensors.numpy import save as st_save_numpy
 from safetensors.torch import load as st_load
 
 from models import Family, make_family
+from models.base import CovariateSubset
 from workers.ess import ess
 from workers.history import History
 from workers.settings import SamplerSettings
@@ -299,10 +300,10 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
     each entry along that axis (:meth:`models.base.CovariateSubset.covariate_labels`).
     """
     axes: dict[str, int] = getattr(family, "covariate_axes", {})
-    labels = family.covariate_labels() if axes else []
+    labels: list[str] = family.covariate_labels() if isinstance(family, CovariateSubset) else []
     values, _ = family.space.constrain(theta)
     W = torch.softmax(log_w, 0)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for spec in family.space.specs:
         v = values[spec.name].to(torch.float64).reshape(W.shape[0], -1)  # [M, P]
         mean = (W[:, None] * v).sum(0)

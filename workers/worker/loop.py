@@ -203,22 +203,27 @@ class Worker(quarantine.QuarantineHooks):
         finally:
             self._raise_lost = False
 
-    def advance_many(self, models: list[Held]) -> bool:
+    def advance_many(self, models: list[Held], *, alone: bool = False) -> bool:
         """Absorb up to ``read_batch`` chunks past each model's cursor, the models advancing together (issue 9
         §4): round ``r`` absorbs the ``r``-th pending chunk of every model that has one, whatever its stream,
         in one stacked update per block (:meth:`absorb_round`); then one fenced commit per chunk and model.
 
         The pending entries of all models are read in one round trip.  Failures stay per model (quarantine:
         one attempt counted per model and batch, before its first chunk); a lost lease drops that model only.
-        True if any model had entries.
+        A model with an attempt at its cursor that neither committed nor failed (its worker died) runs alone,
+        after the others, its attempt counted only then: a worker killed by one model of a stack would
+        otherwise count an attempt against every model of it, and quarantine the innocent ones with the
+        culprit (``alone``: the models are already so isolated).  True if any model had entries.
         """
         pipe = self.r.pipeline(transaction=False)
         for h in models:
             pipe.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
         pending = {h.ref: entries for h, entries in zip(models, pipe.execute(), strict=True)}
+        suspects = [] if alone else self.suspects([h for h in models if pending[h.ref]])
+        isolated = {h.ref for h in suspects}
         active: list[Held] = []
         for h in models:
-            if not pending[h.ref] or self.stop.is_set():
+            if not pending[h.ref] or self.stop.is_set() or h.ref in isolated:
                 continue
             self.beat_if_due()
             try:  # one attempt counted per batch, before its first block; survives a crash
@@ -240,7 +245,26 @@ class Worker(quarantine.QuarantineHooks):
             for h in active:
                 with contextlib.suppress(redis.RedisError):
                     self.end_attempt(h)
+        for h in suspects:
+            if self.stop.is_set():
+                break
+            if h.ref in self.held and not h.lost:
+                self.advance_many([h], alone=True)
         return any(pending.values())
+
+    def suspects(self, models: list[Held]) -> list[Held]:
+        """The models whose attempt record holds an attempt at their current cursor (one round trip): a worker
+        died while it ran them, or they failed and are being retried."""
+        if not models:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for h in models:
+            pipe.hmget(quarantine.attempts_key(self.keys, h.tenant, h.name), "cursor", "attempts")
+        out = []
+        for h, (cursor, attempts) in zip(models, pipe.execute(), strict=True):
+            if cursor == h.cursor and int(attempts or 0) > 0:
+                out.append(h)
+        return out
 
     def failed(self, h: Held, err: Exception) -> None:
         """Work on ``h`` raised ``err``: a lost lease drops the model (:meth:`lose`), any other model failure
