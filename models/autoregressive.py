@@ -27,8 +27,8 @@ from models.densities import (
     LinearGaussianStatistics,
     bmm,
     linear_gaussian_gradient,
-    linear_gaussian_statistics,
     normal_log_prob,
+    unknown_noise_gaussian_gradient,
 )
 
 
@@ -131,18 +131,7 @@ class Autoregressive(LinearGaussianStatistics, Family):
         the sums ``ZᵀZ``, ``Zᵀy``, ``yᵀy`` (``Σ r² = yᵀy − 2θ·Zᵀy + θᵀZᵀZθ``)."""
         if self.known_noise:
             return linear_gaussian_gradient(theta, x, y, hp["noise_std"] ** 2)
-        # From the rows' statistics A = ZᵀZ, c = Zᵀy, s = yᵀy (z = [lags, 1]): O(B·D²) per call, not O(M·B·D).
-        A, c = linear_gaussian_statistics(x, y, torch.ones_like(y[:, :1]))
-        lin, u = theta[..., :-1], theta[..., -1:]  # [K, M, p+1], [K, M, 1]
-        lin_a = bmm(lin, A)
-        iv = torch.exp(-u)
-        c3 = c[:, None, :]
-        rss = (
-            (y * y).sum(-1)[:, None, None]
-            - 2.0 * (lin * c3).sum(-1, keepdim=True)
-            + (lin * lin_a).sum(-1, keepdim=True)
-        )
-        return torch.cat([(c3 - lin_a) * iv, 0.5 * (rss * iv - y.shape[1])], dim=-1)
+        return unknown_noise_gaussian_gradient(theta, x, y)
 
     @property
     def quadratic(self) -> bool:  # type: ignore[override]

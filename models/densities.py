@@ -47,6 +47,20 @@ def linear_gaussian_gradient(
     return torch.cat([bmm(r, x), r.sum(-1, keepdim=True)], dim=-1)
 
 
+def unknown_noise_gaussian_gradient(theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``∇ Σ_b log N(y_b; θ·z_b, σ²)`` over ``[θ, u = log σ²]`` for ``theta: [K, M, D+1]`` (the last coordinate
+    ``u``), ``z_b = [x_b, 1]``, ``x: [K, B, D−1]``, ``y: [K, B]`` -> ``[K, M, D+1]``: with ``r = y − θ·z``,
+    ``∇_θ = Σ r z / σ²`` and ``∂_u = Σ (r²/σ² − 1) / 2``, both from the block sums ``A = ZᵀZ``, ``c = Zᵀy``,
+    ``yᵀy`` (``Σ r² = yᵀy − 2θ·c + θᵀAθ``): O(B·D²) per call, not O(M·B·D)."""
+    A, c = linear_gaussian_statistics(x, y, torch.ones_like(y[:, :1]))
+    lin, u = theta[..., :-1], theta[..., -1:]  # [K, M, D], [K, M, 1]
+    lin_a = bmm(lin, A)
+    iv = torch.exp(-u)
+    c3 = c[:, None, :]
+    rss = (y * y).sum(-1)[:, None, None] - 2.0 * (lin * c3).sum(-1, keepdim=True) + (lin * lin_a).sum(-1, keepdim=True)
+    return torch.cat([(c3 - lin_a) * iv, 0.5 * (rss * iv - y.shape[1])], dim=-1)
+
+
 def linear_gaussian_statistics(
     x: torch.Tensor, y: torch.Tensor | None, variance: torch.Tensor
 ) -> tuple[torch.Tensor, Any]:

@@ -33,8 +33,8 @@ from models.densities import (
     LinearGaussianStatistics,
     bmm,
     linear_gaussian_gradient,
-    linear_gaussian_statistics,
     normal_log_prob,
+    unknown_noise_gaussian_gradient,
 )
 
 
@@ -150,17 +150,7 @@ class LinearRegression(CovariateSubset, LinearGaussianStatistics, Family):
         ``∂_u = (Σ e²/σ² − B) / 2``, from the block sums ``ZᵀZ``, ``Zᵀy``, ``yᵀy`` (O(B·D²), not O(M·B·D))."""
         if self.known_noise:
             return linear_gaussian_gradient(theta, x, y, hp["noise_std"] ** 2)
-        A, c = linear_gaussian_statistics(x, y, torch.ones_like(y[:, :1]))
-        lin, u = theta[..., :-1], theta[..., -1:]  # [K, M, d+1], [K, M, 1]
-        lin_a = bmm(lin, A)
-        iv = torch.exp(-u)
-        c3 = c[:, None, :]
-        rss = (
-            (y * y).sum(-1)[:, None, None]
-            - 2.0 * (lin * c3).sum(-1, keepdim=True)
-            + (lin * lin_a).sum(-1, keepdim=True)
-        )
-        return torch.cat([(c3 - lin_a) * iv, 0.5 * (rss * iv - y.shape[1])], dim=-1)
+        return unknown_noise_gaussian_gradient(theta, x, y)
 
     def stacked_grad_log_prior(self, theta, hp):
         """Known noise: ``−(θ − m₀)/s²``.  Unknown (NIG, ``u = log σ²`` with its log-Jacobian ``u``, ``D = d+1``,
