@@ -52,6 +52,9 @@ import redis
 
 from workers.store.keys import Keys
 
+if TYPE_CHECKING:
+    from workers.store.commit import Scripts
+
 CRASH_REASON = "the worker process died"
 
 # KEYS: lease, attempts.  ARGV: token, cursor, model fingerprint, worker id, now (unix s), limit, what, attempt id.
@@ -270,12 +273,14 @@ def set_status(
 class QuarantineHooks:
     """The worker's side of quarantine and the block budget, mixed into :class:`workers.worker.Worker`.
 
-    Needs ``self.r``, ``self.keys``, ``self.s`` (Settings), ``self.id``, ``self.held`` and
-    ``self.record_error`` of the worker; a held model needs ``tenant, name, token, cfg, engine``.
+    Needs ``self.r``, ``self.keys``, ``self.scripts`` (the store's Lua scripts), ``self.s`` (Settings),
+    ``self.id``, ``self.held`` and ``self.record_error`` of the worker; a held model needs ``tenant, name, token,
+    cfg, engine``.
     """
 
     r: redis.Redis
     keys: Keys
+    scripts: Scripts
     s: Any
     id: str
 
@@ -361,7 +366,7 @@ class QuarantineHooks:
                                status="error", message=exhausted_message(h.attempt, reason))  # fmt: skip
                 else:  # retried from the checkpoint, by this worker or another
                     self.attempts.settle(h.tenant, h.name, attempt_id, reason=reason)
-                    self.r.eval(RELEASE_LUA, 1, self.keys.lease(h.tenant, h.name), h.token)
+                    self.scripts.release(h.tenant, h.name, h.token)
         except Exhausted as exhausted:
             set_status(self.r, self.keys, tenant=h.tenant, model=h.name, stream=stream, token=h.token,
                        status="error", message=str(exhausted))  # fmt: skip
@@ -384,6 +389,3 @@ class QuarantineHooks:
             log.error("worker %s: model %s/%s %s: %s", self.id, h.tenant, h.name, what, err)
         else:
             log.error("worker %s: model %s/%s %s", self.id, h.tenant, h.name, what, exc_info=err)
-
-
-RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
