@@ -72,3 +72,11 @@ def api_with_models(settings, models: dict[str, dict], stream: str = "s") -> Ite
         for name, model in models.items():
             assert c.post("/v1/models", json={"name": name, "stream": stream, **model}).status_code == 201
         yield c
+
+
+def run_until_idle(worker) -> None:
+    """Drive a step-driven :class:`workers.worker.Worker`: heartbeat, lease scan, then steps until none works."""
+    worker.heartbeat()
+    worker.scan()
+    while worker.step():
+        pass

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from tests.conftest import SMALL_MODEL
-from tests.integration.helpers import api_with_models, linear_chunks
+from tests.integration.helpers import api_with_models, linear_chunks, run_until_idle
 from workers.engine import SINGLE_OBSERVATION_BLOCKS
 from workers.store.commit import Scripts
 from workers.store.keys import Keys
@@ -38,13 +38,6 @@ def r(settings):
     client = redis.Redis.from_url(settings.redis_url)
     yield client
     client.close()
-
-
-def run_until_idle(worker: Worker) -> None:
-    worker.heartbeat()
-    worker.scan()
-    while worker.step():
-        pass
 
 
 def tenant_dump(r: redis.Redis, settings) -> dict[bytes, bytes]:

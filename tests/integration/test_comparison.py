@@ -17,7 +17,7 @@ from models.conjugate import autoregressive_log_evidence, gmm_one_component_log_
 from service.app import create_app
 from service.client import ModelFailedError, SgaisClient
 from tests.conftest import SMALL_MODEL, wait_until
-from tests.integration.helpers import linear_chunks
+from tests.integration.helpers import linear_chunks, run_until_idle
 from workers.runner import Worker
 from workers.sgais import NumericalError
 from workers.store.keys import Keys
@@ -27,13 +27,6 @@ from workers.store.keys import Keys
 def api(settings):
     with TestClient(create_app(settings, workers=0)) as c:
         yield c
-
-
-def run_until_idle(worker: Worker) -> None:
-    worker.heartbeat()
-    worker.scan()
-    while worker.step():
-        pass
 
 
 def events_of(r: redis.Redis, settings, action) -> list[dict]:

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from tests.conftest import wait_until
+from tests.integration.helpers import run_until_idle
 from workers.runner import Worker
 
 _spec = importlib.util.spec_from_file_location(
@@ -38,13 +39,6 @@ TOL = 2.0
 def api(settings):
     with TestClient(create_app(settings, workers=0)) as c:
         yield c
-
-
-def run_until_idle(worker: Worker) -> None:
-    worker.heartbeat()
-    worker.scan()
-    while worker.step():
-        pass
 
 
 def test_two_regressions_on_feature_subsets_of_one_stream_match_the_exact_bayes_factor(api, settings):

@@ -216,10 +216,16 @@ class Worker(quarantine.QuarantineHooks):
         culprit (``alone``: the models are already so isolated).  True if any model had entries.
         """
         pipe = self.r.pipeline(transaction=False)
-        for h in models:
+        for h in models:  # the pending entries and the attempt record's (cursor, attempts), one round trip
             pipe.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
-        pending = {h.ref: entries for h, entries in zip(models, pipe.execute(), strict=True)}
-        suspects = [] if alone else self.suspects([h for h in models if pending[h.ref]])
+            pipe.hmget(quarantine.attempts_key(self.keys, h.tenant, h.name), "cursor", "attempts")
+        got = pipe.execute()
+        pending = {h.ref: got[2 * i] for i, h in enumerate(models)}
+        # a model with an attempt at its current cursor: a worker died while it ran, or it failed and is retried
+        suspects = [] if alone else [
+            h for i, h in enumerate(models)
+            if pending[h.ref] and got[2 * i + 1][0] == h.cursor and int(got[2 * i + 1][1] or 0) > 0
+        ]  # fmt: skip
         isolated = {h.ref for h in suspects}
         active: list[Held] = []
         for h in models:
@@ -251,20 +257,6 @@ class Worker(quarantine.QuarantineHooks):
             if h.ref in self.held and not h.lost:
                 self.advance_many([h], alone=True)
         return any(pending.values())
-
-    def suspects(self, models: list[Held]) -> list[Held]:
-        """The models whose attempt record holds an attempt at their current cursor (one round trip): a worker
-        died while it ran them, or they failed and are being retried."""
-        if not models:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for h in models:
-            pipe.hmget(quarantine.attempts_key(self.keys, h.tenant, h.name), "cursor", "attempts")
-        out = []
-        for h, (cursor, attempts) in zip(models, pipe.execute(), strict=True):
-            if cursor == h.cursor and int(attempts or 0) > 0:
-                out.append(h)
-        return out
 
     def failed(self, h: Held, err: Exception) -> None:
         """Work on ``h`` raised ``err``: a lost lease drops the model (:meth:`lose`), any other model failure
