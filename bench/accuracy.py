@@ -9,6 +9,7 @@ over seeds), the target ``3·10⁻⁴·n + 10`` nats, the throughput, and the se
     python bench/accuracy.py                      # default settings, n = 10^5, 5 seeds
     python bench/accuracy.py --n 1000000          # up to 10^6
     python bench/accuracy.py --variants           # also the thesis baseline and each improvement
+    python bench/accuracy.py --baseline           # defaults against moves after every annealing step
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CHUNK = 500
 
 # The ladder from the thesis's algorithm to the defaults; each row adds one change to the previous one.
 _THESIS = {
+    "moves": "every_step",
     "control_variates": False,
     "learning_rate_schedule": "block",
     "resample_threshold": 0.0,
@@ -47,11 +49,12 @@ VARIANTS = {
         "control_variates": True,
         "resample_threshold": 0.5,
     },
-    "+warm-up particles": {"preconditioning": False, "ess_target": 0.5},
-    "+preconditioning": {"ess_target": 0.5, "fisher_step_growth": 1},
-    "+ess_target 0.8": {"ess_target": 0.8, "fisher_step_growth": 1},
-    "+ess_target 0.9": {"fisher_step_growth": 1},
-    "default": {},  # + Fisher-scaled step cap after the warm-up
+    "+warm-up particles": {"moves": "every_step", "preconditioning": False, "ess_target": 0.5},
+    "+preconditioning": {"moves": "every_step", "ess_target": 0.5, "fisher_step_growth": 1},
+    "+ess_target 0.8": {"moves": "every_step", "ess_target": 0.8, "fisher_step_growth": 1},
+    "+ess_target 0.9": {"moves": "every_step", "fisher_step_growth": 1},
+    "+Fisher step cap": {"moves": "every_step"},  # + Fisher-scaled step cap after the warm-up
+    "default": {},  # + adaptive moves: no SGHMC moves for a block taken in one step without resampling
 }
 
 
@@ -99,12 +102,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is fastest for d=5)")
     ap.add_argument("--variants", action="store_true", help="also run the thesis baseline and each step")
     ap.add_argument("--sampler", type=json.loads, default=None, help="JSON sampler overrides to measure instead")
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run moves after every annealing step (the engine before adaptive moves)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     checkpoints = [m for m in (1_000, 10_000, 100_000, 1_000_000) if m <= args.n]
     variants = VARIANTS if args.variants else {"default": {}}
     if args.sampler is not None:
         variants = {"custom": args.sampler}
+    if args.baseline:
+        variants = {"moves every_step (baseline)": {"moves": "every_step"}, **variants}
     print(
         f"linear regression d={D}, known noise, chunks of {CHUNK}, n={args.n}, seeds={args.seeds}, "
         f"torch threads={args.threads}"

@@ -51,6 +51,14 @@ class SamplerSettings(BaseModel):
     )
     momentum_decay: float = Field(0.2, gt=0, le=1, description="α, the SGHMC friction (eq. 2.53)")
     burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
+    moves: Literal["adaptive", "every_step"] = Field(
+        "adaptive",
+        description="every_step: burn_in SGHMC moves after every annealing step (thesis Alg. 8); adaptive: a "
+        "block absorbed in one annealing step that did not resample keeps its particles in place and its "
+        "weights carry it (resample-move, Chopin 2002); blocks that need several steps, and every step that "
+        "resamples, move as with every_step. A live feed then costs a likelihood evaluation per block most "
+        "of the time (bench/README.md)",
+    )
     ess_target: float = Field(
         0.9,
         gt=0,

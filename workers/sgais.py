@@ -110,6 +110,7 @@ class KernelSettings(NamedTuple):
     resample_threshold: torch.Tensor  # [K] float64, a fraction of M (0 = never)
     burn_in: torch.Tensor  # [K] int64, SGHMC steps per annealing step
     max_annealing_steps: int
+    move_every_step: bool  # False: a block taken in one step without resampling is not moved (see absorb_block)
     annealed_schedule: bool  # η = lr / (n_prev + λ B) rather than lr / n
     preconditioning: bool
     control_variates: bool
@@ -236,7 +237,9 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
         trip = (steps[active] + 1 >= block.settings.max_annealing_steps) & (delta < remaining)
         delta = torch.where(trip | (lam[active] + delta >= 1.0 - 1e-12), remaining, delta)
         lam_new = torch.where(delta == remaining, 1.0, lam[active] + delta)
-        sub, info = tempered_step(sub_block, sub, delta=delta, lam=lam_new, log_lik=ll_ok)
+        # a block taken whole in its first step needs moves only if it resampled (resample-move)
+        still = (steps[active] == 0) & (lam_new >= 1.0) & (not block.settings.move_every_step)
+        sub, info = tempered_step(sub_block, sub, delta=delta, lam=lam_new, log_lik=ll_ok, still=still)
         state = sub if full else state.put(active, sub)
         lam[active], steps[active] = lam_new, steps[active] + 1
         resampled[active] |= info.resampled
@@ -249,13 +252,23 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
 
 
 def tempered_step(
-    block: StackBlock, state: StackState, *, delta: torch.Tensor, lam: torch.Tensor, log_lik: torch.Tensor
+    block: StackBlock,
+    state: StackState,
+    *,
+    delta: torch.Tensor,
+    lam: torch.Tensor,
+    log_lik: torch.Tensor,
+    still: torch.Tensor | None = None,
 ) -> tuple[StackState, StepInfo]:
     """One annealing step at fixed increments ``delta: [K]`` to temperatures ``lam: [K]``.
 
     ``log w += Δ ℓ`` with ``log_lik: [K, M]`` the block's log-likelihood per particle; models whose
     ESS falls below ``resample_threshold · M`` are resampled (their log-weights set to the log of
-    the mean weight); then every model makes its ``burn_in`` SGHMC moves on the potential at ``λ``.
+    the mean weight); then every model makes its ``burn_in`` SGHMC moves on the potential at ``λ``,
+    except the models with ``still: [K]`` bool set that did not resample: their particles stay where
+    they are and the weights alone carry the step (valid for any weights: the moves only restore
+    diversity, the importance weights keep the estimate unbiased; resample-move, Gilks & Berzuini 2001,
+    and Chopin 2002's IBIS, which moves only when the ESS falls).
     """
     s, M = block.settings, state.log_w.shape[1]
     log_w = state.log_w + torch.nan_to_num(delta[:, None] * log_lik, neginf=-math.inf)
@@ -275,7 +288,8 @@ def tempered_step(
         evidence_var = evidence_var.index_add(0, rows, epoch_variance(log_w[rows]))  # the epoch closes
         mean = (torch.logsumexp(log_w[rows], -1) - math.log(M))[:, None].expand(-1, M)
         log_w = log_w.index_copy(0, rows, mean.contiguous())
-    theta, velocity = _move(block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size)
+    burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
+    theta, velocity = _move(block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn)
     failed |= ~torch.isfinite(theta).all(-1).all(-1) | (theta.abs().amax((1, 2)) > DIVERGED)
     new = StackState(theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)
     return new, StepInfo(delta, ess_now, resample, failed)
@@ -336,21 +350,22 @@ def _move(
     *,
     lam: torch.Tensor,
     step_size: torch.Tensor,
+    burn: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``burn_in_k`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54).
+    """``burn: [K]`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54).
 
     Each model draws its step's randomness up front from its own generator: the mini-batch indices
     of all its steps (one call), then their noise (one call).  Quadratic families turn the batches
     into their statistics in one batched call when they fit in :data:`BULK_ELEMENTS`.
     """
     s, fam, K = block.settings, block.family, theta.shape[0]
-    burn = s.burn_in.tolist()
-    S = max(burn, default=0)
+    counts: list[int] = burn.tolist()
+    S = max(counts, default=0)
     if S == 0:
         return theta, velocity
     gens = block.generators
-    plan = block.batches.plan(list(gens), block.models, burn) if block.batches is not None else None
-    noise = _noise(gens, burn, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
+    plan = block.batches.plan(list(gens), block.models, counts) if block.batches is not None else None
+    noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
     history: HistoryEstimator | None = None
     stats = None
     if block.batches is not None and plan is not None:
@@ -381,8 +396,8 @@ def _move(
             step_size=step_size,
             momentum_keep=keep_v,
         )
-        if any(b <= step for b in burn):  # some models have finished their moves: they stay where they are
-            keep = torch.tensor([b <= step for b in burn], device=theta.device)[:, None, None]
+        if any(b <= step for b in counts):  # some models have finished their moves: they stay where they are
+            keep = torch.tensor([b <= step for b in counts], device=theta.device)[:, None, None]
             new_theta, new_velocity = torch.where(keep, theta, new_theta), torch.where(keep, velocity, new_velocity)
         theta, velocity = new_theta, new_velocity
     return theta, velocity

@@ -249,6 +249,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         resample_threshold=per_model("resample_threshold"),
         burn_in=torch.tensor([p.burn_in for p in group], device=device),
         max_annealing_steps=s0.max_annealing_steps,
+        move_every_step=s0.moves == "every_step",
         annealed_schedule=s0.learning_rate_schedule == "annealed",
         preconditioning=s0.preconditioning,
         control_variates=s0.control_variates,

@@ -25,7 +25,7 @@ from workers.store.keys import Keys
 from workers.supervisor import Supervisor, backoff, describe_exit
 
 # ~16 annealing steps x 3000 SGHMC steps: tens of seconds per block, so the worker is surely mid-block when killed
-CRASHY = {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "burn_in": 3000, "seed": 8}}
+CRASHY = {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "burn_in": 3000, "moves": "every_step", "seed": 8}}
 
 
 def worker_env(settings, **extra: str) -> dict[str, str]:

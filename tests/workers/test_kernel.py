@@ -127,6 +127,26 @@ def test_resampling_preserves_the_evidence_estimate() -> None:
     assert info.log_evidence <= float(ll.max())  # a mean of likelihoods of particles that exist
 
 
+@pytest.mark.parametrize("moves", ["adaptive", "every_step"])
+def test_adaptive_moves_leave_a_one_step_block_in_place_unless_it_resamples(moves: str) -> None:
+    settings = SamplerSettings(
+        particles=20, warmup_particles=None, burn_in=3, batch_size=50, resample_threshold=0.95, seed=0, moves=moves
+    )
+    e = _engine(settings)
+    x, y = linear_data(400)
+    e.update(x[:300], y[:300])  # several annealing steps: the particles moved in any case
+    before, one_step, resampled = e.state.theta.clone(), 0, 0
+    for a in range(300, 400):
+        (info,) = e.update(x[a : a + 1], y[a : a + 1])
+        moved = not torch.equal(e.state.theta, before)
+        # adaptive: a block taken in one step moves exactly when it resampled; every_step: always
+        assert moved == (info.resampled or info.annealing_steps > 1 or moves == "every_step")
+        one_step += info.annealing_steps == 1
+        resampled += info.resampled and info.annealing_steps == 1
+        before = e.state.theta.clone()
+    assert one_step >= 50 and resampled >= 1  # both branches were taken
+
+
 def test_guard_on_annealing_steps_is_reported() -> None:
     e = _engine(SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, block_size=200, seed=0))
     x, y = linear_data(200)
