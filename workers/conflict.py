@@ -8,13 +8,16 @@ steps, sized for unit-scale data (``η = lr/n``, capped by the particle variance
 a fraction of that: the reweighting then runs on particles that lag the target and ``log Ẑ`` comes
 out thousands of nats low with a healthy-looking ESS (measured: ``bench/conflict.py``).
 
-**The start (Laplace importance sampling, defensive mixture).**  Before the first block, the
-block's log target ``log p(θ) + Σ_{y∈C} log p(y|θ)`` is maximised (L-BFGS from the best prior draw,
-deterministic) and its Hessian ``H`` taken at the mode ``θ̂`` (Tierney & Kadane 1986, the Laplace
-approximation ``N(θ̂, H⁻¹)``).  The data conflict with the prior when the mode lies far outside the
-prior draws: ``max_d |θ̂_d − median_d| / (1.4826·MAD_d) > CONFLICT_Z`` (a robust version of the
-prior-predictive location check of Evans & Moshonov 2006, §3; 1.4826·MAD is the normal-consistent
-scale).  Only then are the initial particles drawn from the defensive mixture (Hesterberg 1995,
+**The start (Laplace importance sampling, defensive mixture).** Before the first block, unless at least
+``CLEAR_ESS`` prior draws (likelihood-weighted ESS) already sit where the block's likelihood is (then
+annealing from the prior reaches the posterior and no fit is needed: the common case, e.g. every fresh
+change-point challenger on unit-scale data), the block's log target ``log p(θ) + Σ_{y∈C} log p(y|θ)`` is
+maximised (L-BFGS from the best prior draw, deterministic) and its Hessian ``H`` taken at the mode ``θ̂``
+(Tierney & Kadane 1986, the Laplace approximation ``N(θ̂, H⁻¹)``). The data conflict with the prior when the
+mode lies far outside the prior draws: ``max_d |θ̂_d − median_d| / (1.4826·MAD_d) > CONFLICT_Z`` (a robust
+version of the prior-predictive location check of Evans & Moshonov 2006, §3; 1.4826·MAD is the
+normal-consistent scale). Only then are the initial particles drawn from the defensive mixture (Hesterberg
+1995,
 *Technometrics* 37, eq. 2)
 
     q(θ) = ε p(θ) + (1 − ε) N(θ; θ̂, κ² H⁻¹),       ε = DEFENSIVE_WEIGHT, κ = PROPOSAL_INFLATION,
@@ -50,7 +53,12 @@ import torch
 
 from models.base import Family
 from models.stack import StackedFamily
+from workers.ess import ess
 
+#: Likelihood-weighted ESS of the prior draws (in draws) from which the block is taken to agree with the prior
+#: without fitting the Laplace approximation: that many draws already sit where the block's likelihood is, so
+#: annealing from the prior reaches the posterior (the conflict the start exists for leaves ESS ≈ 1).
+CLEAR_ESS = 3.0
 #: Robust z of the block's posterior mode against the prior draws above which the data conflict with the prior.
 CONFLICT_Z = 4.0
 #: ε of the defensive mixture: every importance weight is at most 1/ε times the prior density ratio.
@@ -172,8 +180,12 @@ def defensive_start(
     M, D = prior_draws.shape
     dtype = prior_draws.dtype
     with torch.no_grad():
-        lt = log_target(family, prior_draws.to(torch.float64), x, y)
+        theta64 = prior_draws.to(torch.float64)
+        ll = torch.nan_to_num(family.log_likelihood(theta64, x, y).sum(-1), nan=-math.inf)
+        lt = family.log_prior(theta64) + ll
     lt = torch.nan_to_num(lt, nan=-math.inf)
+    if torch.isfinite(ll).any() and float(ess(ll)) >= CLEAR_ESS:
+        return None  # enough prior draws where the block's likelihood is: annealing from the prior works
     start = prior_draws[int(torch.argmax(lt))]
     lap = laplace(family, start, x, y)
     if lap is None or robust_z(prior_draws, lap.mode) <= CONFLICT_Z:
