@@ -16,9 +16,8 @@ maximised (L-BFGS from the best prior draw, deterministic) and its Hessian ``H``
 (Tierney & Kadane 1986, the Laplace approximation ``N(θ̂, H⁻¹)``). The data conflict with the prior when the
 mode lies far outside the prior draws: ``max_d |θ̂_d − median_d| / (1.4826·MAD_d) > CONFLICT_Z`` (a robust
 version of the prior-predictive location check of Evans & Moshonov 2006, §3; 1.4826·MAD is the
-normal-consistent scale). Only then are the initial particles drawn from the defensive mixture (Hesterberg
-1995,
-*Technometrics* 37, eq. 2)
+normal-consistent scale). Only then are the initial particles drawn from the defensive mixture
+(Hesterberg 1995, *Technometrics* 37, eq. 2)
 
     q(θ) = ε p(θ) + (1 − ε) N(θ; θ̂, κ² H⁻¹),       ε = DEFENSIVE_WEIGHT, κ = PROPOSAL_INFLATION,
 
