@@ -107,7 +107,58 @@ class Scripts:
         k = self.keys
         return [k.model(tenant, ""), k.checkpoint(tenant, ""), k.trace(tenant, ""), len(known), *known]
 
-    def commit(
+    def commit(self, **call: Any) -> StreamState | None:
+        """Run ``lua/commit.lua`` for one model (the arguments of :meth:`commit_many`'s calls).
+
+        Returns the stream's state when its common count moved (see :class:`StreamState`), else None.
+
+        Raises
+        ------
+        LeaseLost
+            The lease does not hold ``token``: nothing was written.
+        """
+        (reply,) = self.commit_many([call])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def commit_many(self, calls: list[dict[str, Any]]) -> list[StreamState | None | Exception]:
+        """Run ``lua/commit.lua`` once per call, all in ONE pipelined round trip (each script still fenced by
+        its own lease token; Redis runs them in order, each atomically).  A call's keyword arguments:
+        ``tenant, model, stream, token, ttl_ms`` and ``checkpoint`` (the checkpoint hash fields), the trace
+        ``rows`` (scored by ``first_index``, each counted in the block-latency histogram by its ``seconds``),
+        ``events`` as ``(chunks processed, evidence event members)``
+        (:func:`workers.store.records.evidence_event_members`), ``alerts`` (full records), ``observations``
+        and ``known`` (the models of the stream whose config the caller has; None = no stream query): with
+        it the stream's state is read as of that commit, the model at ``observations``.
+
+        Returns, per call in order: the stream's state when its common count moved, None when it did not,
+        or the exception of that call (:class:`LeaseLost`: nothing of it was written; a Redis error of its
+        script).  A connection failure raises (nothing is known of any call).
+        """
+        if len(calls) == 1:  # one model: a plain EVALSHA (a pipeline adds a SCRIPT EXISTS round trip)
+            keys, args = self._commit_call(**calls[0])
+            try:
+                replies: list[Any] = [self._commit(keys=keys, args=args)]
+            except redis.ResponseError as err:
+                replies = [err]
+        else:
+            pipe = self.r.pipeline(transaction=False)
+            for call in calls:
+                keys, args = self._commit_call(**call)
+                self._commit(keys=keys, args=args, client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        out: list[StreamState | None | Exception] = []
+        for call, reply in zip(calls, replies, strict=True):
+            if isinstance(reply, Exception):
+                out.append(reply)
+            elif reply[0] == b"lost":
+                out.append(LeaseLost(call["model"]))
+            else:
+                out.append(parse_state(reply))
+        return out
+
+    def _commit_call(
         self,
         *,
         tenant: str,
@@ -121,21 +172,8 @@ class Scripts:
         alerts: list[dict],
         observations: int,
         known: list[str] | None,
-    ) -> StreamState | None:
-        """Run ``lua/commit.lua``: the checkpoint hash fields, the trace ``rows`` (scored by ``first_index``,
-        each counted in the block-latency histogram by its ``seconds``), ``events`` as ``(chunks processed,
-        evidence event members)`` (:func:`workers.store.records.evidence_event_members`), ``alerts`` (full
-        records).
-        With ``known`` (the models of the stream whose prior the caller has; None = no query) the stream's
-        state is read as of this commit, the model at ``observations``.
-
-        Returns the stream's state when its common count moved (see :class:`StreamState`), else None.
-
-        Raises
-        ------
-        LeaseLost
-            The lease does not hold ``token``: nothing was written.
-        """
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of ``lua/commit.lua`` (layout in the file)."""
         k, t = self.keys, tenant
         args: list[Any] = [token, ttl_ms, k.events(t, stream)]
         args += [model, observations, *self._query(t, known)] if known is not None else [""]
@@ -155,23 +193,18 @@ class Scripts:
         args.append(len(alerts))
         for a in alerts:
             args += [a["kind"], json.dumps(a), json.dumps({"type": "alert", **a}), repr(time.time() * 1000)]
-        reply = self._commit(
-            keys=[
-                k.lease(t, model),
-                k.checkpoint(t, model),
-                k.trace(t, model),
-                k.alerts(t),
-                k.alerts_total,
-                k.block_seconds,
-                k.meta(t, stream),
-                k.stream_models(t, stream),
-                k.leader(t, stream),
-            ],
-            args=args,
-        )
-        if reply[0] == b"lost":
-            raise LeaseLost(model)
-        return parse_state(reply)
+        keys = [
+            k.lease(t, model),
+            k.checkpoint(t, model),
+            k.trace(t, model),
+            k.alerts(t),
+            k.alerts_total,
+            k.block_seconds,
+            k.meta(t, stream),
+            k.stream_models(t, stream),
+            k.leader(t, stream),
+        ]
+        return keys, args
 
     def stream_state(self, *, tenant: str, stream: str, known: list[str]) -> StreamState | None:
         """Run ``lua/stream.lua``: the stream's state when its common count differs from the leader

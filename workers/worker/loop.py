@@ -320,7 +320,7 @@ class Worker(quarantine.QuarantineHooks):
                         bud.stop()
                     log.warning("worker %s: a stacked update of %d models failed (%s); one at a time",
                                 self.id, len(group), err)  # fmt: skip
-                    return self.absorb_alone(group) + [c.h.ref for c in alive if c not in group and self.finish(c)]
+                    return self.absorb_alone(group) + self.finish_all([c for c in alive if c not in group])
             finally:
                 for bud in budgets:
                     bud.stop()
@@ -337,7 +337,7 @@ class Worker(quarantine.QuarantineHooks):
                 c.blocks.append(Block(res, row))
             alive = [c for c in alive if not c.failed]
             j += 1
-        return [c.h.ref for c in alive if self.finish(c)]
+        return self.finish_all(alive)
 
     def absorb_alone(self, group: list[_Chunk]) -> list[str]:
         """The fallback of :meth:`absorb_round`: each model restored from its checkpoint (which is at the entry
@@ -357,28 +357,53 @@ class Worker(quarantine.QuarantineHooks):
                 done += self.absorb_round([(h, (c.entry_id, c.fields))])
         return done
 
-    def finish(self, c: _Chunk) -> bool:
-        """Alerts and the fenced commit of one model's absorbed chunk.  False if the model failed or lost its
-        lease (handled)."""
-        h = c.h
+    def finish_all(self, chunks: list[_Chunk]) -> list[str]:
+        """Alerts and the fenced commits of a round's absorbed chunks: every commit script of the round in ONE
+        pipelined round trip (:meth:`Scripts.commit_many`: each script fenced by its own model's lease token,
+        run by Redis in order and atomically), then, per model in the same order, the stream posterior when its
+        commit moved the stream's count.  Returns the refs of the models that committed (the others failed or
+        lost their lease, handled)."""
+        staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = []
+        for c in chunks:
+            h = c.h
+            try:
+                h.detector, found = detect.detect(h.detector, h.cfg, c.blocks, stream=h.stream, model=h.name)
+                if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
+                    found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
+                rows = [b.row for b in c.blocks]
+                staged.append((c, rows, found, self.commit_call(h, c.entry_id, c.seq, rows, found)))
+            except Exception as err:
+                self.failed(h, err)
+        if not staged:
+            return []
         try:
-            h.detector, found = detect.detect(h.detector, h.cfg, c.blocks, stream=h.stream, model=h.name)
-            if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
-                found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
-            rows = [b.row for b in c.blocks]
-            self.commit(h, c.entry_id, c.seq, rows, found)
-        except Exception as err:
-            self.failed(h, err)
-            return False
-        OBSERVATIONS.inc(int(c.y.shape[0]))
-        for row in rows:
-            BLOCK_SECONDS.observe(row["seconds"])
-        return True
+            replies = self.scripts.commit_many([call for *_, call in staged])
+        except Exception as err:  # nothing is known of any commit (e.g. Redis unavailable: re-raised)
+            for c, *_ in staged:
+                self.failed(c.h, err)
+            return []
+        done = []
+        for (c, rows, found, _), reply in zip(staged, replies, strict=True):
+            try:
+                if isinstance(reply, LeaseLost):
+                    raise LeaseLost(c.h.name, blocks=len(rows)) from reply
+                if isinstance(reply, Exception):
+                    raise reply
+                self.committed(c.h, c.entry_id, c.seq, rows, found, reply)
+            except Exception as err:
+                self.failed(c.h, err)
+                continue
+            OBSERVATIONS.inc(int(c.y.shape[0]))
+            for row in rows:
+                BLOCK_SECONDS.observe(row["seconds"])
+            done.append(c.h.ref)
+        return done
 
     def commit(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> None:
         """Store checkpoint + cursor + trace rows + histogram + alerts + events in ONE fenced Lua script
         (:meth:`Scripts.commit`, one round trip); then, if the stream's common observation count moved, the
-        stream posterior (:meth:`update_stream_posterior`, a second round trip).
+        stream posterior (:meth:`update_stream_posterior`, a second round trip).  :meth:`finish_all` does the
+        same for a round of models with one round trip for all their scripts.
 
         Raises
         ------
@@ -387,6 +412,14 @@ class Worker(quarantine.QuarantineHooks):
             = ``len(rows)``, computed in vain); raised by the stream-posterior update, the commit stands and
             the update is left to the next holder.
         """
+        try:
+            state = self.scripts.commit(**self.commit_call(h, cursor, seq, rows, found))
+        except LeaseLost as err:
+            raise LeaseLost(h.name, blocks=len(rows)) from err
+        self.committed(h, cursor, seq, rows, found, state)
+
+    def commit_call(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> dict[str, Any]:
+        """The arguments of :meth:`Scripts.commit` for ``h``'s chunk ``seq`` ending at entry ``cursor``."""
         eng = h.engine
         assert eng is not None
         ckpt = {
@@ -409,22 +442,24 @@ class Worker(quarantine.QuarantineHooks):
         for i, row in enumerate(rows):
             chunks = seq if i == len(rows) - 1 else seq - 1
             events.append((chunks, records.evidence_event_members(h.name, h.stream, row, chunks)))
-        try:
-            state = self.scripts.commit(
-                tenant=h.tenant,
-                model=h.name,
-                stream=h.stream,
-                token=h.token,
-                ttl_ms=self.leases.ttl_ms,
-                checkpoint=ckpt,
-                rows=rows,
-                events=events,
-                alerts=[detect.alert_record(a) for a in found],
-                observations=eng.observations,
-                known=self.posteriors.known(h) if rows else None,
-            )
-        except LeaseLost as err:
-            raise LeaseLost(h.name, blocks=len(rows)) from err
+        return {
+            "tenant": h.tenant,
+            "model": h.name,
+            "stream": h.stream,
+            "token": h.token,
+            "ttl_ms": self.leases.ttl_ms,
+            "checkpoint": ckpt,
+            "rows": rows,
+            "events": events,
+            "alerts": [detect.alert_record(a) for a in found],
+            "observations": eng.observations,
+            "known": self.posteriors.known(h) if rows else None,
+        }
+
+    def committed(
+        self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict], state: StreamState | None
+    ) -> None:
+        """After ``h``'s commit: its cursor, the alert counters, the stream posterior when the count moved."""
         h.cursor, h.chunks = cursor, seq
         for a in found:
             ALERTS.labels(a["kind"]).inc()
