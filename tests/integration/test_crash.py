@@ -104,26 +104,33 @@ def test_a_reannealing_longer_than_the_lease_keeps_the_lease(api, settings):
     check_traces(api, chunks)
 
 
+LONG_PASS_LEASE_TTL = 1.0
+
+
 @pytest.mark.slow
 def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
-    """A pass over the four busy models of stream s takes seconds, many times a 0.3 s lease; the
+    """A pass over the four busy models of stream s takes seconds, several times a 1 s lease; the
     idle model on stream t must keep its lease (same token) instead of expiring and being re-leased
-    and reloaded (which replays its stream's history) at the next scan."""
+    and reloaded (which replays its stream's history) at the next scan.  (A 0.3 s lease failed on a
+    loaded machine: the heartbeat thread, due every TTL/3, was not scheduled within 0.2 s.)"""
     from workers.store.keys import Keys
 
     assert api.post("/v1/models", json={"name": "idle", "stream": "t", **SMALL_MODEL}).status_code == 201
     keys, r = Keys(settings.key_prefix), redis.Redis.from_url(settings.redis_url)
-    worker = start_worker(settings, lease_ttl=0.3)
+    worker = start_worker(settings, lease_ttl=LONG_PASS_LEASE_TTL)
     try:
         (first,) = linear_chunks(1, 50, seed=7)
         assert api.post("/v1/streams/t/chunks", json=first).status_code == 202
         wait_until(lambda: api.get("/v1/models/idle/evidence").json()["chunks_processed"] == 1, timeout=300)
         token = r.get(keys.lease("default", "idle"))
-        chunks = linear_chunks(12, 300, seed=5)
+        chunks = linear_chunks(36, 300, seed=5)  # 4.1 s of work on a quiet 2-core machine (12 chunks: 2.75 s)
+        t0 = time.monotonic()
         for c in chunks:
             assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
         wait_until(lambda: processed(api, len(chunks)), timeout=300)
+        elapsed = time.monotonic() - t0
         assert token is not None and r.get(keys.lease("default", "idle")) == token
+        assert elapsed > 2 * LONG_PASS_LEASE_TTL, elapsed  # the case under test did happen (the lease would lapse)
     finally:
         worker.kill()
         worker.wait()
