@@ -29,7 +29,6 @@ HEAVY = {
 def test_blocks_longer_than_the_lease_are_absorbed_once(settings):
     models = {"heavy": HEAVY, "light": SMALL_MODEL}
     chunks = linear_chunks(2, 50, seed=2)
-    keys, r = Keys(settings.key_prefix), redis.Redis.from_url(settings.redis_url)
     with api_with_models(settings, models) as api:
         for c in chunks:
             assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
@@ -41,12 +40,15 @@ def test_blocks_longer_than_the_lease_are_absorbed_once(settings):
             worker.kill()
             worker.wait()
         traces = {name: api.get(f"/v1/models/{name}/trace").json()["items"] for name in models}
-    assert max(row["seconds"] for row in traces["heavy"]) > 2 * LEASE_TTL  # the case under test did happen
+    # the case under test did happen, and the heartbeat is what made it commit: a block committed after
+    # running > 2 TTLs held its lease throughout (the commit script's fence refuses a lapsed token)
+    assert max(row["seconds"] for row in traces["heavy"]) > 2 * LEASE_TTL
     for name, model in models.items():
         assert strip(traces[name]) == strip(reference_trace(model, chunks)), name  # each block once, in order
-    # never refused by the fence, so never computed twice
-    assert r.hgetall(keys.lease_losses) == {} and r.hgetall(keys.retried_blocks) == {}
-    r.close()
+    # No "zero lease losses" assertion: on a machine loaded by two CPU hogs beside the suite, the heartbeat
+    # thread (due every TTL/3 = 0.17 s) once went unscheduled for > 0.33 s and a lease lapsed; the fence refused
+    # that commit and the block was redone, still applied once (the traces above; the loss is counted in
+    # keys.lease_losses, tested in test_a_lost_lease_is_counted_with_its_refused_blocks).
 
 
 def test_a_lost_lease_is_counted_with_its_refused_blocks(settings):
