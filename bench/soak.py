@@ -10,13 +10,16 @@ Starts ``sgais serve --workers W`` (real processes, supervised workers) on a rea
 * every ``--churn-every`` seconds creates a model on a fresh stream, posts two chunks to it, waits
   for them and deletes it: every other time the model then its stream (``DELETE /v1/models/{m}``,
   ``DELETE /v1/streams/{s}``), otherwise the stream with its model in one call;
-* SIGKILLs one worker process every ``--kill-every`` seconds (``sgais serve`` restarts it);
-* samples the RSS of the API process and of each worker every ``--sample-every`` seconds.
+* SIGKILLs one worker process every ``--kill-every`` seconds (``sgais serve`` restarts it; 0: never);
+* samples the RSS of the API process and of each worker, and the load average, every ``--sample-every``
+  seconds.
 
 Then it waits until every persistent model has absorbed every chunk and compares each model's trace
 with an uninterrupted bare-engine run on the same chunks (every field but ``seconds``), and prints a
 JSON summary: HTTP status counts (5xx), WebSocket events, kills and restarts, RSS series with their
-least-squares slope over the second half (MB per hour), trace equality.
+least-squares slope over the second half (MB per hour, for the API and for every worker), trace equality,
+and the memory accounting: the tensor bytes the reference engines (the same states as the worker's, change-
+point challengers included) hold at the end and at half the chunks, i.e. what the workers must hold.
 
     python bench/soak.py --minutes 12 --redis-url redis://127.0.0.1:6379/8
 """
@@ -44,6 +47,7 @@ import torch
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from workers.history import History  # noqa: E402
 from workers.segmented import SegmentedEngine  # noqa: E402
 from workers.store.records import BLOCK_FIELDS  # noqa: E402
 from workers.worker.blocks import absorb_chunk  # noqa: E402
@@ -65,17 +69,53 @@ def chunk(stream_index: int, seq: int, rows: int) -> dict:
     return {"seq": seq, "x": x.tolist(), "y": y.tolist()}
 
 
-def reference(model: dict, chunks: list[dict]) -> list[dict]:
+def held_bytes(engine: SegmentedEngine) -> dict[str, int]:
+    """Tensor bytes an engine holds: every distinct tensor storage reachable from it (main population and
+    challengers, their histories, particles and generators), ``allocated`` (storage sizes, e.g. a history's
+    doubling buffer) and ``history_rows`` (the rows the histories hold, x and y), plus the live challengers."""
+    seen: set[int] = set()
+    storages: dict[int, int] = {}
+    rows = 0
+
+    def walk(obj) -> None:
+        nonlocal rows
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            st = obj.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, list | tuple | set):
+            for v in obj:
+                walk(v)
+        elif type(obj).__module__.startswith("workers") and hasattr(obj, "__dict__"):
+            if isinstance(obj, History):
+                rows += obj.size * sum(t[0].numel() * t.element_size() for t in (obj.x, obj.y) if t is not None)
+            for v in vars(obj).values():
+                walk(v)
+
+    walk(engine)
+    return {"allocated": sum(storages.values()), "history_rows": int(rows), "challengers": len(engine.challengers)}
+
+
+def reference(model: dict, chunks: list[dict], marks: tuple[int, ...] = ()) -> tuple[list[dict], dict[int, dict]]:
     """The trace rows of an uninterrupted run on the worker's path, without Redis: the model's engine as the
     worker builds it (:func:`workers.worker.restore.changepoint_settings`, change-point challengers included)
-    and :func:`workers.worker.blocks.absorb_chunk` (which splits the stream's first values into blocks of one)."""
+    and :func:`workers.worker.blocks.absorb_chunk` (which splits the stream's first values into blocks of one);
+    and the engine's :func:`held_bytes` after each of the chunk counts ``marks``."""
     torch.set_num_threads(1)
     eng = SegmentedEngine.create(model["family"], model["params"], model["sampler"], changepoint_settings(model))
     rows: list[dict] = []
-    for c in chunks:
+    held: dict[int, dict] = {}
+    for n, c in enumerate(chunks, start=1):
         first = rows[-1]["observations"] if rows else 0
         rows += [b.row for b in absorb_chunk(eng, c["x"], c["y"], seq=c["seq"], first_index=first)]
-    return [{k: row[k] for k in COMPARED} for row in rows]
+        if n in marks:
+            held[n] = held_bytes(eng)
+    return [{k: row[k] for k in COMPARED} for row in rows], held
 
 
 class Soak:
@@ -169,6 +209,8 @@ class Soak:
             return []
 
     def killer(self) -> None:
+        if self.a.kill_every <= 0:
+            return
         rng = random.Random(7)
         while not self.stop.wait(self.a.kill_every):
             procs = self.workers()
@@ -183,7 +225,8 @@ class Soak:
             try:
                 api = psutil.Process(self.serve.pid).memory_info().rss
                 ws = {str(p.pid): p.memory_info().rss for p in self.workers()}
-                self.samples.append({"t": round(time.monotonic() - self.t0, 1), "api": api, "workers": ws})
+                t = round(time.monotonic() - self.t0, 1)
+                self.samples.append({"t": t, "api": api, "workers": ws, "load": os.getloadavg()[0]})
             except psutil.NoSuchProcess:
                 pass
             if self.stop.wait(self.a.sample_every):
@@ -250,14 +293,14 @@ class Soak:
                 break
             time.sleep(2.0)
         sampler.join(timeout=5)
-        traces = {}
+        traces, held = {}, {}
         for i, (s, n) in enumerate(self.posted.items()):
             chunks = [chunk(i, seq, self.a.rows) for seq in range(1, n + 1)]
             for m, model in MODELS.items():
                 r = self.call("GET", f"/v1/models/{s}-{m}/trace", params={"limit": 10000})
                 got = [{k: row[k] for k in COMPARED} for row in r.json()["items"]] if r is not None else []
                 firsts = [row["first_index"] for row in got]
-                want = reference(model, chunks)
+                want, held[f"{s}-{m}"] = reference(model, chunks, marks=(n // 2, n))
                 traces[f"{s}-{m}"] = {
                     "rows": len(got),
                     "reference_rows": len(want),
@@ -275,9 +318,11 @@ class Soak:
         workers_now = [p.pid for p in self.workers()]
         self.serve.send_signal(signal.SIGTERM)
         self.serve.wait(timeout=120)
-        return self.summary(traffic_seconds, drained_at, traces, workers_now)
+        return self.summary(traffic_seconds, drained_at, traces, workers_now, held)
 
-    def summary(self, traffic_seconds, drained_at, traces, workers_now) -> dict:
+    def summary(self, traffic_seconds, drained_at, traces, workers_now, held) -> dict:
+        """The JSON result (see the module docstring)."""
+
         def slope_mb_per_hour(points: list[tuple[float, float]]) -> float | None:
             pts = points[len(points) // 2 :]
             if len(pts) < 3:
@@ -295,6 +340,34 @@ class Soak:
                 per_worker[pid].append((s["t"], rss))
         longest = max(per_worker.items(), key=lambda kv: kv[1][-1][0] - kv[1][0][0]) if per_worker else None
         mb = lambda v: round(v / 2**20, 1)  # noqa: E731
+        workers = {
+            pid: {
+                "seconds": round(pts[-1][0] - pts[0][0], 1),
+                "rss_mb_first": mb(pts[0][1]),
+                "rss_mb_max": mb(max(v for _, v in pts)),
+                "rss_mb_last": mb(pts[-1][1]),
+                "slope_mb_per_hour_second_half": slope_mb_per_hour(pts),
+            }
+            for pid, pts in per_worker.items()
+        }
+        # what the workers must hold: the engines' tensors at the end and at half the chunks (the chunks are
+        # posted at a steady rate, so the second half of the chunks is about the second half of the traffic)
+        end = {k: h[max(h)] for k, h in held.items() if h}
+        half = {k: h[min(h)] for k, h in held.items() if h}
+        accounting = {
+            "per_model_at_end": end,
+            "allocated_mb_at_end": mb(sum(h["allocated"] for h in end.values())),
+            "allocated_mb_at_half": mb(sum(h["allocated"] for h in half.values())),
+            "history_rows_mb_at_end": mb(sum(h["history_rows"] for h in end.values())),
+            "history_rows_mb_at_half": mb(sum(h["history_rows"] for h in half.values())),
+            "allocated_mb_per_hour_second_half": mb(
+                sum(end[k]["allocated"] - half[k]["allocated"] for k in end) / (traffic_seconds / 2) * 3600
+            ),
+            "history_rows_mb_per_hour_second_half": mb(
+                sum(end[k]["history_rows"] - half[k]["history_rows"] for k in end) / (traffic_seconds / 2) * 3600
+            ),
+        }
+        loads = [s["load"] for s in self.samples if "load" in s]
         return {
             "minutes_of_traffic": round(traffic_seconds / 60, 2),
             "drained_after_seconds": None if drained_at is None else round(drained_at, 1),
@@ -318,6 +391,17 @@ class Soak:
                 "rss_mb_last": mb(longest[1][-1][1]),
                 "slope_mb_per_hour_second_half": slope_mb_per_hour(longest[1]),
             },
+            "workers": workers,
+            # to compare with the accounting's growth: the workers alive through the traffic's second half
+            "workers_rss_slope_mb_per_hour_second_half_sum": sum(
+                slope_mb_per_hour(pts) or 0.0
+                for pts in per_worker.values()
+                if pts[0][0] <= traffic_seconds / 2 and pts[-1][0] >= traffic_seconds - 3 * self.a.sample_every
+            ),
+            "memory_accounting": accounting,
+            "load_average_1min": {"min": min(loads), "median": sorted(loads)[len(loads) // 2], "max": max(loads)}
+            if loads
+            else None,
             "traces": traces,
             "samples": self.samples,
             "kills": self.kills,
@@ -341,7 +425,7 @@ def main() -> None:
     p.add_argument("--sockets", type=int, default=4)
     p.add_argument("--reconnect-every", type=float, default=60.0)
     p.add_argument("--churn-every", type=float, default=60.0)
-    p.add_argument("--kill-every", type=float, default=150.0)
+    p.add_argument("--kill-every", type=float, default=150.0, help="seconds between worker SIGKILLs (0: none)")
     p.add_argument("--sample-every", type=float, default=10.0)
     p.add_argument("--drain-timeout", type=float, default=900.0)
     p.add_argument("--port", type=int, default=0)
