@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -183,7 +184,7 @@ def run_demo(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     names, model_keys = QUICK if quick else (SERIES, list(MODELS))
-    run_id = f"{int(time.time()) % 100000:05d}"
+    run_id = secrets.token_hex(3)  # two runs against one service within a second must not collide (409)
     c = SgaisClient(url, api_key)
     streams: dict[str, dict] = {}
     for name in names:
