@@ -79,11 +79,6 @@ class Laplace(NamedTuple):
     scale_tril: torch.Tensor
 
 
-def log_target(family: Family, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
-    """``log p(θ) + Σ_b log p(y_b|θ)`` for ``theta: [M, D]`` -> ``[M]`` (nats)."""
-    return family.log_prior(theta) + family.log_likelihood(theta, x, y).sum(-1)
-
-
 #: Relative step of the central differences of the gradient that give the Hessian (float64: error ~1e-8).
 HESSIAN_STEP = 1e-4
 
