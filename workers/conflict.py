@@ -173,10 +173,12 @@ def defensive_start(
     """
     M, D = prior_draws.shape
     dtype = prior_draws.dtype
-    with torch.no_grad():
-        theta64 = prior_draws.to(torch.float64)
-        ll = torch.nan_to_num(family.log_likelihood(theta64, x, y).sum(-1), nan=-math.inf)
-        lt = family.log_prior(theta64) + ll
+    with torch.no_grad():  # the lean stacked evaluations (models.stack), a stack of one
+        one = StackedFamily([family], torch.float64, prior_draws.device)
+        theta64 = prior_draws.to(torch.float64)[None]
+        fam_x = x.to(torch.float64)[None] if x is not None else None
+        ll = torch.nan_to_num(one.log_likelihood(theta64, fam_x, y.to(torch.float64)[None]).sum(-1)[0], nan=-math.inf)
+        lt = one.log_prior(theta64)[0] + ll
     lt = torch.nan_to_num(lt, nan=-math.inf)
     if torch.isfinite(ll).any() and float(ess(ll)) >= CLEAR_ESS:
         return None  # enough prior draws where the block's likelihood is: annealing from the prior works

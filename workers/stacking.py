@@ -272,10 +272,11 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     if anchored.any():
         g = family.grad_log_likelihood(new.anchor, x, y)
         new = new._replace(anchor_grad=torch.where(anchored[:, None, None], new.anchor_grad + g, new.anchor_grad))
-    out: list[BlockInfo | sgais.NumericalError] = []
+    out: list[BlockInfo | sgais.NumericalError | None] = [None] * len(group)
+    done: list[tuple[int, SGAISState, float, bool]] = []  # (k, state after the policies, log-predictive, reannealed)
     for k, p in enumerate(group):
         if stats.error[k] is not None:
-            out.append(sgais.NumericalError(stats.error[k]))
+            out[k] = sgais.NumericalError(stats.error[k])
             continue
         old = p.state
         st = old._replace(
@@ -287,26 +288,32 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         try:
             st, reannealed = _after_block(p.model, st, p.x, p.y, steps=stats.annealing_steps[k], heartbeat=heartbeat)
         except sgais.NumericalError as err:
-            out.append(err)
+            out[k] = err
             continue
+        done.append((k, st, log_predictive, reannealed))
+    checked = _score_checks(family, [(k, st) for k, st, *_ in done if _needs_score_check(models[k], st)])
+    for k, st, log_predictive, reannealed in done:
+        p = group[k]
+        if k in checked:
+            st = st._replace(degraded=checked[k])
         p.model.state = st
         p.model.observations += p.raw
-        out.append(
-            BlockInfo(
-                observations=p.y.shape[0],
-                log_predictive=log_predictive,
-                log_evidence=st.log_evidence,
-                annealing_steps=stats.annealing_steps[k],
-                ess=float(ess(st.log_w)),
-                resampled=stats.resampled[k],
-                guard_tripped=stats.guard_tripped[k],
-                reannealed=reannealed,
-                log_evidence_se=st.log_evidence_se,
-                log_evidence_correction=st.log_evidence - old.log_evidence - log_predictive,
-                degraded=st.degraded,
-            )
+        out[k] = BlockInfo(
+            observations=p.y.shape[0],
+            log_predictive=log_predictive,
+            log_evidence=st.log_evidence,
+            annealing_steps=stats.annealing_steps[k],
+            ess=float(ess(st.log_w)),
+            resampled=stats.resampled[k],
+            guard_tripped=stats.guard_tripped[k],
+            reannealed=reannealed,
+            log_evidence_se=st.log_evidence_se,
+            log_evidence_correction=st.log_evidence - p.state.log_evidence - log_predictive,
+            degraded=st.degraded,
         )
-    return out
+    results = [o for o in out if o is not None]
+    assert len(results) == len(group)  # every model has its BlockInfo or its error
+    return results
 
 
 def _after_block(
@@ -343,8 +350,6 @@ def _after_block(
         except BaseException:
             history.truncate(n_prev)  # leave the input state as it was (the block is not absorbed)
             raise
-    if st.degraded is None and n <= max(s.warmup_observations, s.block_size) and history.size == n:
-        st = st._replace(degraded=_score_check(m, st))
     if st.degraded is None and history.size < n:
         st = st._replace(degraded=RESERVOIR_REASON.format(s.history_capacity, n))
     return st, reannealed
@@ -368,14 +373,36 @@ def change_threshold(reanneal_steps: int, dim: int) -> float:
     return reanneal_steps * max(1.0, math.sqrt(dim / REANNEAL_REFERENCE_DIM))
 
 
-def _score_check(m: Model, st: SGAISState) -> str | None:
-    """:func:`workers.conflict.score_check` of the population against the posterior of the whole history
-    (exact score: prior + every held row)."""
-    hx, hy = st.history.all_rows()
-    one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
-    theta = st.theta[None]
-    score = one.grad_log_prior(theta) + history_gradient(one, theta, hx[None] if hx is not None else None, hy[None])
-    return conflict.score_check(st.theta, st.log_w, score[0])
+def _needs_score_check(m: Model, st: SGAISState) -> bool:
+    """Whether the block just absorbed is score-checked: while the history is small (the warm-up, where
+    prior–data conflict bites and the exact score costs no more than one re-anchoring pass), the whole
+    history held, and the model not already ``degraded``."""
+    n, s = st.history.seen, m.settings
+    return st.degraded is None and n <= max(s.warmup_observations, s.block_size) and st.history.size == n
+
+
+def _score_checks(family: StackedFamily, todo: list[tuple[int, SGAISState]]) -> dict[int, str | None]:
+    """:func:`workers.conflict.score_check` of each ``(k, state)`` (``k``: the model's row of ``family``)
+    against the posterior of its whole history (exact score: prior + every held row), ``{k: reason or None}``.
+
+    Models whose histories hold the same number of rows share one stacked gradient call (row-wise
+    arithmetic: the same bits as one model alone)."""
+    by_size: dict[int, list[tuple[int, SGAISState]]] = {}
+    for k, st in todo:
+        by_size.setdefault(st.history.size, []).append((k, st))
+    out: dict[int, str | None] = {}
+    for same in by_size.values():
+        ks = [k for k, _ in same]
+        rows = [st.history.all_rows() for _, st in same]
+        theta = torch.stack([st.theta for _, st in same])
+        xs = [x for x, _ in rows if x is not None]
+        hx = torch.stack(xs) if xs else None  # one family: every model has covariates or none does
+        hy = torch.stack([y for _, y in rows])
+        sub = family.select(torch.tensor(ks, device=theta.device))
+        score = sub.grad_log_prior(theta) + history_gradient(sub, theta, hx, hy)
+        for j, (k, st) in enumerate(same):
+            out[k] = conflict.score_check(st.theta, st.log_w, score[j])
+    return out
 
 
 def reduce_particles(generator: torch.Generator, state: SGAISState, M: int) -> SGAISState:

@@ -41,6 +41,18 @@ from workers.worker.restore import restore
 log = logging.getLogger("sgais.worker")
 
 
+def warm_lazy_imports() -> None:
+    """Import what torch loads on first use, before any lease is held: ``torch.broadcast_shapes`` (a
+    parameter's unconstrained shape, ``models.base``) imports sympy, and the first optimiser (the Laplace
+    start's L-BFGS, ``workers.conflict``) imports ``torch._dynamo``: 1.5–5 s together on this 2-core machine,
+    which a worker's first block otherwise spent holding its leases (a step-driven worker with a 2 s lease lost
+    them on a busy machine).  Idempotent (the modules stay imported)."""
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    torch.broadcast_shapes((1,), (1,))
+
+
 class Worker(quarantine.QuarantineHooks):
     """One worker (a process or a thread of ``sgais serve``).  ``run()`` loops until ``stop`` is set, with a
     heartbeat thread; ``step()`` makes one pass over what is there and returns (tests drive it).
@@ -64,6 +76,7 @@ class Worker(quarantine.QuarantineHooks):
         self._beat_at = self._scan_at = 0.0
         self._heartbeat: Heartbeat | None = None
         self._raise_lost = False  # advance(): a lost lease is raised to the caller instead of handled
+        warm_lazy_imports()
 
     @property
     def held(self) -> dict[str, Held]:
@@ -360,9 +373,9 @@ class Worker(quarantine.QuarantineHooks):
     def finish_all(self, chunks: list[_Chunk]) -> list[str]:
         """Alerts and the fenced commits of a round's absorbed chunks: every commit script of the round in ONE
         pipelined round trip (:meth:`Scripts.commit_many`: each script fenced by its own model's lease token,
-        run by Redis in order and atomically), then, per model in the same order, the stream posterior when its
-        commit moved the stream's count.  Returns the refs of the models that committed (the others failed or
-        lost their lease, handled)."""
+        run by Redis in order and atomically), then the stream posterior at each count a stream moved to, once,
+        from the state the last script that saw that count read.  Returns the refs of the models that committed
+        (the others failed or lost their lease, handled)."""
         staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = []
         for c in chunks:
             h = c.h
@@ -382,14 +395,24 @@ class Worker(quarantine.QuarantineHooks):
             for c, *_ in staged:
                 self.failed(c.h, err)
             return []
+        # The scripts ran in order, so the last script of a stream that saw a given count read every earlier
+        # commit of the round: the stream posterior at each count the round moved through is computed and stored
+        # once, from that state (128 models of a fresh stream cost 128 computations and compare-and-sets, all
+        # but two in vain, otherwise).
+        update_at: dict[tuple[str, str, int], int] = {}
+        for i, ((c, *_), reply) in enumerate(zip(staged, replies, strict=True)):
+            if isinstance(reply, StreamState):
+                update_at[(c.h.tenant, c.h.stream, reply.count)] = i
+        updates = set(update_at.values())
         done = []
-        for (c, rows, found, _), reply in zip(staged, replies, strict=True):
+        for i, ((c, rows, found, _), reply) in enumerate(zip(staged, replies, strict=True)):
             try:
                 if isinstance(reply, LeaseLost):
                     raise LeaseLost(c.h.name, blocks=len(rows)) from reply
                 if isinstance(reply, Exception):
                     raise reply
-                self.committed(c.h, c.entry_id, c.seq, rows, found, reply)
+                state = reply if i in updates else None
+                self.committed(c.h, c.entry_id, c.seq, rows, found, state)
             except Exception as err:
                 self.failed(c.h, err)
                 continue
