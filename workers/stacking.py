@@ -273,7 +273,8 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         g = family.grad_log_likelihood(new.anchor, x, y)
         new = new._replace(anchor_grad=torch.where(anchored[:, None, None], new.anchor_grad + g, new.anchor_grad))
     out: list[BlockInfo | sgais.NumericalError | None] = [None] * len(group)
-    done: list[tuple[int, SGAISState, float, bool]] = []  # (k, state after the policies, log-predictive, reannealed)
+    # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
+    done: list[tuple[int, SGAISState, float, float, float, bool]] = []
     for k, p in enumerate(group):
         if stats.error[k] is not None:
             out[k] = sgais.NumericalError(stats.error[k])
@@ -284,15 +285,18 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         )
         if stats.guard_tripped[k] and st.degraded is None:
             st = st._replace(degraded=GUARD_REASON.format(s0.max_annealing_steps))
-        log_predictive = st.log_evidence - old.log_evidence
+        old_log_z, log_z = old.log_evidence, st.log_evidence
+        log_predictive = log_z - old_log_z
         try:
             st, reannealed = _after_block(p.model, st, p.x, p.y, steps=stats.annealing_steps[k], heartbeat=heartbeat)
         except sgais.NumericalError as err:
             out[k] = err
             continue
-        done.append((k, st, log_predictive, reannealed))
+        if reannealed:  # the replay replaced the population (and its evidence)
+            log_z = st.log_evidence
+        done.append((k, st, old_log_z, log_predictive, log_z, reannealed))
     checked = _score_checks(family, [(k, st) for k, st, *_ in done if _needs_score_check(models[k], st)])
-    for k, st, log_predictive, reannealed in done:
+    for k, st, old_log_z, log_predictive, log_z, reannealed in done:
         p = group[k]
         if k in checked:
             st = st._replace(degraded=checked[k])
@@ -301,14 +305,14 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         out[k] = BlockInfo(
             observations=p.y.shape[0],
             log_predictive=log_predictive,
-            log_evidence=st.log_evidence,
+            log_evidence=log_z,
             annealing_steps=stats.annealing_steps[k],
             ess=float(ess(st.log_w)),
             resampled=stats.resampled[k],
             guard_tripped=stats.guard_tripped[k],
             reannealed=reannealed,
             log_evidence_se=st.log_evidence_se,
-            log_evidence_correction=st.log_evidence - p.state.log_evidence - log_predictive,
+            log_evidence_correction=log_z - old_log_z - log_predictive,
             degraded=st.degraded,
         )
     results = [o for o in out if o is not None]
