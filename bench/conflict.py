@@ -30,12 +30,16 @@ Every number is against an exact log-evidence (:mod:`models.conjugate`: Murphy 2
 ``stationary``
     The same rule's false flags: stationary well-specified gmm, linear regression (known and unknown noise,
     d = 3) and AR(1) to ``--stationary-n``: status and the most annealing steps of a block after the warm-up.
+``stepsize``
+    Issue 10, the SGHMC step-size bias of the first block: a normal–inverse-gamma regression (d = 3, the model
+    and coefficients of ``tests/models/test_evidence.py``, numpy seed 100), first-block variants at n = 500;
+    then lr 0.03 and burn-in 60 for the first block only, to n = 2,000 (not run by default).
 ``reservoir``
     ``history_capacity`` 500 against the whole history: a one-component ``gmm`` on ``N(0, 1)`` and a linear
     regression with 5 standard-normal features, n = 20,000 (``--reservoir-n``).
 
-    python bench/conflict.py [raw] [trigger] [merges] [drift] [stationary] [reservoir] [--seeds 3] [--merge-seeds 100]
-        [--reanneal-steps 6] [--stationary-n 10000]
+    python bench/conflict.py [raw] [trigger] [merges] [drift] [stationary] [stepsize] [reservoir] [--seeds 3]
+        [--merge-seeds 100] [--reanneal-steps 6] [--stationary-n 10000]
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.conjugate import LinearRegressionEvidence, gmm_one_component_log_evidence  # noqa: E402
 from workers.engine import ModelEngine  # noqa: E402
+from workers.settings import SamplerSettings  # noqa: E402
 from workers.stacking import change_threshold  # noqa: E402
 
 NILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "nile.csv"
@@ -248,6 +253,63 @@ def stationary(seeds: int, n: int) -> None:
         print(f"{name}: {flags} of {seeds} degraded; most annealing steps of a block after the warm-up {worst}")
 
 
+#: The first block's sampler variants of the ``stepsize`` section.
+STEP_VARIANTS = {
+    "default": {},
+    "burn_in 60": {"burn_in": 60},
+    "lr 0.03": {"learning_rate": 0.03},
+    "lr 0.01": {"learning_rate": 0.01},
+    "lr 0.03, burn_in 60": {"learning_rate": 0.03, "burn_in": 60},
+    "lr 0.01, burn_in 60": {"learning_rate": 0.01, "burn_in": 60},
+}
+
+
+def stepsize(seeds: int) -> None:
+    """A normal–inverse-gamma regression like tests/models/test_evidence.py's: first-block variants at n = 500,
+    then the finest one for the first block only and the defaults after it, to n = 2,000."""
+    params = {"features": 3, "noise_std": None}
+
+    def data(n: int) -> tuple[np.ndarray, np.ndarray, float]:
+        rng = np.random.default_rng(100)
+        X = rng.normal(size=(n, 3))
+        y = X @ np.array([1.0, -0.5, 0.3]) + 0.2 + 0.7 * rng.normal(size=n)
+        return X, y, LinearRegressionEvidence.for_params(params).update(X, y).log_evidence
+
+    def summary(errs: list[float]) -> str:
+        e = np.asarray(errs)
+        return f"{e.mean():+.3f} ± {e.std(ddof=1) / math.sqrt(e.size):.3f} (sd {e.std(ddof=1):.3f})"
+
+    print(f"## step-size bias, NIG regression d = 3, {seeds} seeds: log Ẑ − log Z mean ± SE")
+    X, y, exact = data(500)
+    for name, v in STEP_VARIANTS.items():
+        errs, ses = [], []
+        for seed in range(seeds):
+            e = ModelEngine("linear_regression", params, {**v, "seed": seed})
+            e.update(X.tolist(), y.tolist())
+            errs.append(e.log_evidence - exact)
+            ses.append(e.log_evidence_se)
+        print(f"n = 500, {name}: {summary(errs)}, RMS SE {math.sqrt(np.mean(np.square(ses))):.3f}", flush=True)
+    X, y, _ = data(2000)
+    exact = {m: LinearRegressionEvidence.for_params(params).update(X[:m], y[:m]).log_evidence for m in (500, 2000)}
+    for name in ("default", "lr 0.03, burn_in 60"):
+        errs: dict[int, list[float]] = {500: [], 2000: []}
+        cpu = 0.0
+        for seed in range(seeds):
+            e = ModelEngine("linear_regression", params, {**STEP_VARIANTS[name], "seed": seed})
+            t0 = time.process_time()
+            e.update(X[:500].tolist(), y[:500].tolist())
+            cpu += time.process_time() - t0
+            errs[500].append(e.log_evidence - exact[500])
+            e.settings = SamplerSettings(seed=seed)  # the defaults after the first block
+            e.update(X[500:].tolist(), y[500:].tolist())
+            errs[2000].append(e.log_evidence - exact[2000])
+        print(
+            f"first block {name}, then defaults: n = 500 {summary(errs[500])}, n = 2000 {summary(errs[2000])}; "
+            f"first block {cpu / seeds:.2f} CPU s per model",
+            flush=True,
+        )
+
+
 def reservoir(seeds: int, n: int, capacity: int) -> None:
     print(f"## reservoir: history_capacity {capacity} vs the whole history, n={n}, log Ẑ − log Z (nats)")
     for name in ("gmm", "lr5"):
@@ -297,6 +359,8 @@ def main() -> None:
             merges_with_moves(a.seeds)
         elif section == "drift":
             drift(a.seeds)
+        elif section == "stepsize":
+            stepsize(a.seeds)
         elif section == "stationary":
             stationary(a.seeds, a.stationary_n)
         elif section == "reservoir":
