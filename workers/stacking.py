@@ -367,7 +367,7 @@ def _after_block(
     elif st.degraded is None and n_prev >= max(s.warmup_observations, 1):
         limit = change_threshold(MOVING_STEPS, st.theta.shape[-1])
         if steps >= limit:  # the running population lagged a moving posterior: not certified until a replay
-            st = st._replace(degraded=MOVING_REASON.format(steps, limit, n_prev, _next_replay(s, st, n)))
+            st = st._replace(degraded=MOVING_REASON.format(n, steps, limit, _next_replay(s, st, n)))
     if st.degraded is None and n <= max(s.warmup_observations, s.block_size) and history.size == n:
         st = st._replace(degraded=_score_check(m, st))
     if st.degraded is None and history.size < n:
@@ -381,7 +381,7 @@ def _after_block(
 MOVING_STEPS = 12
 #: The model's status reason after such a block (the running estimate absorbed it; no re-annealing replaced it).
 MOVING_REASON = (
-    "a block needed {} annealing steps (limit {:.3g}) at n = {}: the posterior moves faster than the SGHMC moves "
+    "the block to n = {} needed {} annealing steps (limit {:.3g}): the posterior moves faster than the SGHMC moves "
     "follow it and the running log-evidence drifts beyond its error bar (measured down to -7.4 nats with a "
     "1.1-nat error bar, bench/conflict.py drift); not certified until a re-annealing replaces it ({})"
 )
