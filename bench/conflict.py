@@ -23,11 +23,23 @@ Every number is against an exact log-evidence (:mod:`models.conjugate`: Murphy 2
     (after the warm-up): at each re-annealing, ``log Ẑ_running``, ``log Ẑ_replay`` (the code) and the old
     ``log((Ẑ_running + Ẑ_replay)/2)`` against the exact evidence — the old merge's loss of up to ``log 2``
     per merge when the running population lags the moving posterior.
+``drift``
+    Issue 10, the running estimate between re-annealings (``workers/stacking.py``, "Moving posteriors"): the
+    ``merges`` gmm (mean 3 from n = 2500) to n = 6000, per block from n = 3000: ``log Ẑ − log Z``, the reported
+    SE, the block's annealing steps (R: re-annealed) and the status.
+``stationary``
+    The same rule's false flags: stationary well-specified gmm, linear regression (known and unknown noise,
+    d = 3) and AR(1) to ``--stationary-n``: status and the most annealing steps of a block after the warm-up.
+``stepsize``
+    Issue 10, the SGHMC step-size bias of the first block: a normal–inverse-gamma regression (d = 3, the model
+    and coefficients of ``tests/models/test_evidence.py``, numpy seed 100), first-block variants at n = 500;
+    then lr 0.03 and burn-in 60 for the first block only, to n = 2,000 (not run by default).
 ``reservoir``
     ``history_capacity`` 500 against the whole history: a one-component ``gmm`` on ``N(0, 1)`` and a linear
     regression with 5 standard-normal features, n = 20,000 (``--reservoir-n``).
 
-    python bench/conflict.py [raw] [trigger] [merges] [reservoir] [--seeds 3] [--merge-seeds 100] [--reanneal-steps 6]
+    python bench/conflict.py [raw] [trigger] [merges] [drift] [stationary] [stepsize] [reservoir] [--seeds 3]
+        [--merge-seeds 100] [--reanneal-steps 6] [--stationary-n 10000]
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.conjugate import LinearRegressionEvidence, gmm_one_component_log_evidence  # noqa: E402
 from workers.engine import ModelEngine  # noqa: E402
+from workers.settings import SamplerSettings  # noqa: E402
 from workers.stacking import change_threshold  # noqa: E402
 
 NILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "nile.csv"
@@ -190,6 +203,113 @@ def merges_with_moves(seeds: int) -> None:
         )
 
 
+def drift(seeds: int) -> None:
+    print("## drift between re-annealings: gmm on N(0, 1), mean 3 from n = 2500, 500-value chunks, default sampler")
+    print("seed: per 500 values from n = 3,000, log Ẑ − log Z / reported SE / annealing steps / status (D = degraded)")
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        y = np.concatenate([rng.normal(0.0, 1.0, 2500), rng.normal(3.0, 1.0, 3500)])
+        e = ModelEngine(*GMM1, {"seed": seed})
+        cells = []
+        for stop in range(500, y.size + 1, 500):
+            (info,) = e.update(None, y[e.observations : stop].tolist())
+            if stop >= 3000:
+                err = e.log_evidence - gmm_one_component_log_evidence(y[:stop])
+                tag = "R" if info.reannealed else ""
+                cells.append(
+                    f"{err:+.2f}/{e.log_evidence_se:.2f}/{info.annealing_steps}{tag}/{'D' if e.degraded else 'ok'}"
+                )
+        print(f"seed {seed}: {'  '.join(cells)}", flush=True)
+
+
+def stationary(seeds: int, n: int) -> None:
+    print(f"## stationary well-specified models, 500-value chunks, default sampler, n = {n}: status (false flags)")
+    for name in ("gmm", "lr3", "nig3", "ar1"):
+        flags, worst = 0, 0
+        for seed in range(seeds):
+            rng = np.random.default_rng(1000 + seed)
+            X = None
+            if name == "gmm":
+                y, fam = rng.normal(1.0, 1.5, n), GMM1
+            elif name in ("lr3", "nig3"):
+                X = rng.normal(size=(n, 3))
+                y = X @ np.array([1.0, -0.5, 0.3]) + 0.2 + (1.0 if name == "lr3" else 0.7) * rng.normal(size=n)
+                fam = ("linear_regression", {"features": 3} | ({} if name == "lr3" else {"noise_std": None}))
+            else:
+                y = np.zeros(n)
+                for t in range(1, n):
+                    y[t] = 0.1 + 0.6 * y[t - 1] + rng.normal()
+                fam = ("autoregressive", {"order": 1})
+            e = ModelEngine(*fam, {"seed": seed})
+            steps = []
+            for stop in range(500, n + 1, 500):
+                a = e.observations
+                (info,) = e.update(X[a:stop].tolist() if X is not None else None, y[a:stop].tolist())
+                if a >= 2000:
+                    steps.append(info.annealing_steps)
+            flags += e.degraded is not None
+            worst = max(worst, *steps)
+            print(f"{name} seed {seed}: {status(e)}; annealing steps after the warm-up max {max(steps)}", flush=True)
+        print(f"{name}: {flags} of {seeds} degraded; most annealing steps of a block after the warm-up {worst}")
+
+
+#: The first block's sampler variants of the ``stepsize`` section.
+STEP_VARIANTS = {
+    "default": {},
+    "burn_in 60": {"burn_in": 60},
+    "lr 0.03": {"learning_rate": 0.03},
+    "lr 0.01": {"learning_rate": 0.01},
+    "lr 0.03, burn_in 60": {"learning_rate": 0.03, "burn_in": 60},
+    "lr 0.01, burn_in 60": {"learning_rate": 0.01, "burn_in": 60},
+}
+
+
+def stepsize(seeds: int) -> None:
+    """A normal–inverse-gamma regression like tests/models/test_evidence.py's: first-block variants at n = 500,
+    then the finest one for the first block only and the defaults after it, to n = 2,000."""
+    params = {"features": 3, "noise_std": None}
+
+    def data(n: int) -> tuple[np.ndarray, np.ndarray, float]:
+        rng = np.random.default_rng(100)
+        X = rng.normal(size=(n, 3))
+        y = X @ np.array([1.0, -0.5, 0.3]) + 0.2 + 0.7 * rng.normal(size=n)
+        return X, y, LinearRegressionEvidence.for_params(params).update(X, y).log_evidence
+
+    def summary(errs: list[float]) -> str:
+        e = np.asarray(errs)
+        return f"{e.mean():+.3f} ± {e.std(ddof=1) / math.sqrt(e.size):.3f} (sd {e.std(ddof=1):.3f})"
+
+    print(f"## step-size bias, NIG regression d = 3, {seeds} seeds: log Ẑ − log Z mean ± SE")
+    X, y, exact = data(500)
+    for name, v in STEP_VARIANTS.items():
+        errs, ses = [], []
+        for seed in range(seeds):
+            e = ModelEngine("linear_regression", params, {**v, "seed": seed})
+            e.update(X.tolist(), y.tolist())
+            errs.append(e.log_evidence - exact)
+            ses.append(e.log_evidence_se)
+        print(f"n = 500, {name}: {summary(errs)}, RMS SE {math.sqrt(np.mean(np.square(ses))):.3f}", flush=True)
+    X, y, _ = data(2000)
+    exact = {m: LinearRegressionEvidence.for_params(params).update(X[:m], y[:m]).log_evidence for m in (500, 2000)}
+    for name in ("default", "lr 0.03, burn_in 60"):
+        errs: dict[int, list[float]] = {500: [], 2000: []}
+        cpu = 0.0
+        for seed in range(seeds):
+            e = ModelEngine("linear_regression", params, {**STEP_VARIANTS[name], "seed": seed})
+            t0 = time.process_time()
+            e.update(X[:500].tolist(), y[:500].tolist())
+            cpu += time.process_time() - t0
+            errs[500].append(e.log_evidence - exact[500])
+            e.settings = SamplerSettings(seed=seed)  # the defaults after the first block
+            e.update(X[500:].tolist(), y[500:].tolist())
+            errs[2000].append(e.log_evidence - exact[2000])
+        print(
+            f"first block {name}, then defaults: n = 500 {summary(errs[500])}, n = 2000 {summary(errs[2000])}; "
+            f"first block {cpu / seeds:.2f} CPU s per model",
+            flush=True,
+        )
+
+
 def reservoir(seeds: int, n: int, capacity: int) -> None:
     print(f"## reservoir: history_capacity {capacity} vs the whole history, n={n}, log Ẑ − log Z (nats)")
     for name in ("gmm", "lr5"):
@@ -221,11 +341,12 @@ def reservoir(seeds: int, n: int, capacity: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sections", nargs="*", default=["raw", "trigger", "merges", "reservoir"])
+    ap.add_argument("sections", nargs="*", default=["raw", "trigger", "merges", "drift", "stationary", "reservoir"])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--merge-seeds", type=int, default=100)
     ap.add_argument("--reanneal-steps", type=int, default=6, help="the merges section's reanneal_steps")
     ap.add_argument("--reservoir-n", type=int, default=20000)
+    ap.add_argument("--stationary-n", type=int, default=10000)
     ap.add_argument("--capacity", type=int, default=500)
     a = ap.parse_args()
     for section in a.sections:
@@ -236,6 +357,12 @@ def main() -> None:
         elif section == "merges":
             merges(a.merge_seeds, a.reanneal_steps)
             merges_with_moves(a.seeds)
+        elif section == "drift":
+            drift(a.seeds)
+        elif section == "stepsize":
+            stepsize(a.seeds)
+        elif section == "stationary":
+            stationary(a.seeds, a.stationary_n)
         elif section == "reservoir":
             reservoir(a.seeds, a.reservoir_n, a.capacity)
         else:
