@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from models.stack import StackedFamily
 from workers import changepoint as cp
 from workers.engine import ModelEngine
 from workers.stacking import advance_stack
@@ -362,8 +363,11 @@ class SegmentedEngine:
         for j, st in enumerate(states):
             xr, yr, _ = fam.prepare(xb, yb, st.context)
             off = n - int(yr.shape[0])  # values taken into the context at the stream's start (no rows)
+            dtype = st.theta.dtype
+            lean = StackedFamily([fam], dtype, st.theta.device)  # the sampler's lean evaluation, a stack of one
             with torch.no_grad():
-                ll = fam.log_likelihood(st.theta, xr, yr)  # [M, R]
+                x1 = xr.to(dtype)[None] if xr is not None else None
+                ll = lean.log_likelihood(st.theta[None], x1, yr.to(dtype)[None])[0]  # [M, R]
                 lw = st.log_w - torch.logsumexp(st.log_w, 0)
                 if j == 0:
                     k = off + self._split(torch.logsumexp(lw[:, None] + ll, 0))
