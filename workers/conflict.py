@@ -207,16 +207,17 @@ def defensive_start(
 def score_offsets(
     theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(δ: [D], c: [D], t: [D])`` of the module docstring for particles ``theta: [M, D]``, ``log_w: [M]``
-    and the posterior score ``score = ∇ log π(θ_i): [M, D]`` (float64); ``t_d = s_d / √(Σ_i W_i g_id²)``."""
-    W = torch.softmax(log_w.to(torch.float64), 0)[:, None]
+    """``(δ: [..., D], c: [..., D], t: [..., D])`` of the module docstring for particles ``theta: [..., M, D]``,
+    ``log_w: [..., M]`` and the posterior score ``score = ∇ log π(θ_i): [..., M, D]`` (float64);
+    ``t_d = s_d / √(Σ_i W_i g_id²)``.  Leading dimensions are models (row-wise arithmetic)."""
+    W = torch.softmax(log_w.to(torch.float64), -1)[..., None]
     t, g = theta.to(torch.float64), score.to(torch.float64)
-    mean = (W * t).sum(0)
-    sd = torch.sqrt((W * (t - mean) ** 2).sum(0))
-    s = (W * g).sum(0)
-    c = -(W * (t - mean) * g).sum(0)
+    mean = (W * t).sum(-2, keepdim=True)
+    sd = torch.sqrt((W * (t - mean) ** 2).sum(-2))
+    s = (W * g).sum(-2)
+    c = -(W * (t - mean) * g).sum(-2)
     delta = s * sd / torch.sqrt(c.clamp_min(1e-300))
-    rms = torch.sqrt((W * g * g).sum(0))
+    rms = torch.sqrt((W * g * g).sum(-2))
     return delta, c, s / rms.clamp_min(1e-300)
 
 
@@ -226,17 +227,26 @@ def score_check(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) -
     Coordinate ``d`` fails when the particles' scores nearly all point the same way, ``|t_d| > SCORE_T``
     (``|t_d| ≤ 1`` always; under ``π`` it is ``O(1/√ESS)``), and the offset is large, ``|δ_d| > SCORE_Z``,
     or not measurable (``c_d ≤ 0``: with correlated coordinates the diagonal of ``Cov·H`` need not be
-    positive for a cloud that does not match ``π``).
+    positive for a cloud that does not match ``π``).  ``theta: [M, D]``, ``log_w: [M]``, ``score: [M, D]``.
     """
+    return score_checks(theta[None], log_w[None], score[None])[0]
+
+
+def score_checks(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) -> list[str | None]:
+    """:func:`score_check` of ``K`` models at once: ``theta: [K, M, D]``, ``log_w: [K, M]``,
+    ``score: [K, M, D]``; one reason (or None) per model, from one batched evaluation."""
     delta, c, t = score_offsets(theta, log_w, score)
-    if not (torch.isfinite(delta) | (c <= 0)).all() or not torch.isfinite(t).all():
-        return "the posterior score is not finite at the particles; the evidence is not certified"
+    broken = ~((torch.isfinite(delta) | (c <= 0)).all(-1) & torch.isfinite(t).all(-1))
     bad = (t.abs() > SCORE_T) & ((c <= 0) | (delta.abs() > SCORE_Z))
-    if bad.any():
-        worst = float(torch.where(c > 0, delta.abs(), torch.inf)[bad].max())
-        return (
+    out: list[str | None] = [None] * theta.shape[0]
+    for k in torch.nonzero(broken | bad.any(-1)).flatten().tolist():
+        if broken[k]:
+            out[k] = "the posterior score is not finite at the particles; the evidence is not certified"
+            continue
+        worst = float(torch.where(c[k] > 0, delta[k].abs(), torch.inf)[bad[k]].max())
+        out[k] = (
             f"the particles sit {worst:.3g} posterior standard deviations from where the posterior score vanishes "
             f"(score check, limits |t| {SCORE_T:g}, |δ| {SCORE_Z:g}): likely prior-data conflict; the evidence is "
             "not certified"
         )
-    return None
+    return out

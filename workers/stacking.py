@@ -449,8 +449,8 @@ def _score_checks(family: StackedFamily, todo: list[tuple[int, SGAISState]]) -> 
         hy = torch.stack([y for _, y in rows])
         sub = family.select(torch.tensor(ks, device=theta.device))
         score = sub.grad_log_prior(theta) + history_gradient(sub, theta, hx, hy)
-        for j, (k, st) in enumerate(same):
-            out[k] = conflict.score_check(st.theta, st.log_w, score[j])
+        log_w = torch.stack([st.log_w for _, st in same])
+        out.update(zip(ks, conflict.score_checks(theta, log_w, score), strict=True))
     return out
 
 
