@@ -46,7 +46,8 @@ def warm_lazy_imports() -> None:
     parameter's unconstrained shape, ``models.base``) imports sympy, and the first optimiser (the Laplace
     start's L-BFGS, ``workers.conflict``) imports ``torch._dynamo``: 1.5–5 s together on this 2-core machine,
     which a worker's first block otherwise spent holding its leases (a step-driven worker with a 2 s lease lost
-    them on a busy machine).  Idempotent (the modules stay imported)."""
+    them on a busy machine).  Costs 33 + 38 MB of resident memory per worker process; sympy is needed by the
+    first model anyway, ``torch._dynamo`` only once a Laplace start runs.  Idempotent (the modules stay imported)."""
     import torch
     import torch._dynamo  # noqa: F401
 
