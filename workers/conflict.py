@@ -83,9 +83,26 @@ class Laplace(NamedTuple):
 HESSIAN_STEP = 1e-4
 
 
-def laplace(
-    family: Family, theta0: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, *, iterations: int = 500
-) -> Laplace | None:
+class OneBlock(NamedTuple):
+    """A model and its block as a stack of one in float64 (``models.stack``: the sampler's lean evaluations,
+    closed-form gradients where the family has them, no distribution objects): ``x: [1, B, d] | None``,
+    ``y: [1, B, ...]``."""
+
+    family: StackedFamily
+    x: torch.Tensor | None
+    y: torch.Tensor
+
+
+def one_block(family: Family, x: torch.Tensor | None, y: torch.Tensor, device: torch.device) -> OneBlock:
+    """:class:`OneBlock` of ``family`` and the block ``x: [B, d] | None``, ``y: [B, ...]``."""
+    return OneBlock(
+        StackedFamily([family], torch.float64, device),
+        x.to(torch.float64)[None] if x is not None else None,
+        y.to(torch.float64)[None],
+    )
+
+
+def laplace(block: OneBlock, theta0: torch.Tensor, *, iterations: int = 500) -> Laplace | None:
     """Mode of the block's log target by L-BFGS (strong Wolfe line search) from ``theta0: [D]``, and the
     Cholesky factor of ``H⁻¹`` (``H`` the negative Hessian there).
 
@@ -99,9 +116,7 @@ def laplace(
     D = theta0.shape[0]
     if D > FULL_HESSIAN_DIM:
         return None
-    one = StackedFamily([family], torch.float64, theta0.device)
-    fam_x = x.to(torch.float64)[None] if x is not None else None
-    fam_y = y.to(torch.float64)[None]
+    one, fam_x, fam_y = block
     lam = torch.ones(1, dtype=torch.float64, device=theta0.device)
 
     def target(t: torch.Tensor) -> torch.Tensor:  # [P, D] -> [P]
@@ -173,17 +188,16 @@ def defensive_start(
     """
     M, D = prior_draws.shape
     dtype = prior_draws.dtype
-    with torch.no_grad():  # the lean stacked evaluations (models.stack), a stack of one
-        one = StackedFamily([family], torch.float64, prior_draws.device)
+    block = one_block(family, x, y, prior_draws.device)
+    with torch.no_grad():
         theta64 = prior_draws.to(torch.float64)[None]
-        fam_x = x.to(torch.float64)[None] if x is not None else None
-        ll = torch.nan_to_num(one.log_likelihood(theta64, fam_x, y.to(torch.float64)[None]).sum(-1)[0], nan=-math.inf)
-        lt = one.log_prior(theta64)[0] + ll
+        ll = torch.nan_to_num(block.family.log_likelihood(theta64, block.x, block.y).sum(-1)[0], nan=-math.inf)
+        lt = block.family.log_prior(theta64)[0] + ll
     lt = torch.nan_to_num(lt, nan=-math.inf)
     if torch.isfinite(ll).any() and float(ess(ll)) >= CLEAR_ESS:
         return None  # enough prior draws where the block's likelihood is: annealing from the prior works
     start = prior_draws[int(torch.argmax(lt))]
-    lap = laplace(family, start, x, y)
+    lap = laplace(block, start)
     if lap is None or robust_z(prior_draws, lap.mode) <= CONFLICT_Z:
         return None
     gauss = torch.distributions.MultivariateNormal(lap.mode, scale_tril=PROPOSAL_INFLATION * lap.scale_tril)

@@ -358,13 +358,13 @@ class SegmentedEngine:
         if n <= 1:
             return 0, [0.0] * len(states)
         fam = self.family
+        dtype = states[0].theta.dtype  # every population has the model's sampler settings
+        lean = StackedFamily([fam], dtype, states[0].theta.device)  # the sampler's lean evaluation, a stack of one
         prefix: list[torch.Tensor] = []
         k = 0
         for j, st in enumerate(states):
             xr, yr, _ = fam.prepare(xb, yb, st.context)
             off = n - int(yr.shape[0])  # values taken into the context at the stream's start (no rows)
-            dtype = st.theta.dtype
-            lean = StackedFamily([fam], dtype, st.theta.device)  # the sampler's lean evaluation, a stack of one
             with torch.no_grad():
                 x1 = xr.to(dtype)[None] if xr is not None else None
                 ll = lean.log_likelihood(st.theta[None], x1, yr.to(dtype)[None])[0]  # [M, R]
