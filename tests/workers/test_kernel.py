@@ -253,6 +253,9 @@ def test_posterior_summary_from_a_checkpoint_equals_the_engines(dtype: str) -> N
         ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
         ("gmm", {"dim": 2, "components": 1, "variance_shape": 2.5, "variance_scale": 0.5, "mean_scale": 3.0}),
         ("gmm", {"dim": 2, "components": 1, "mean_location": -1.5, "mean_variance_ratio": 0.5}),
+        ("gmm", {"dim": 1, "components": 2}),
+        ("gmm", {"dim": 2, "components": 3, "dirichlet_alpha": 0.7, "variance_shape": 2.0, "mean_location": 0.5}),
+        ("gmm", {"dim": 3, "components": 4, "dirichlet_alpha": 2.5, "mean_variance_ratio": 0.3}),
     ],
 )
 def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
@@ -265,7 +268,7 @@ def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
     theta = torch.randn(1, 4, family.dim, generator=g, dtype=torch.float64)
     x, y = linear_data(30, d=params.get("features", params.get("order", 2)))
     if name == "gmm":
-        x, y = None, torch.randn(30, 2, generator=g, dtype=torch.float64)
+        x, y = None, torch.randn(30, params["dim"], generator=g, dtype=torch.float64)
     xs = x[None] if x is not None else None
     got = family.stacked_grad_log_likelihood(theta, xs, y[None], hp)
     torch.testing.assert_close(got, Family.stacked_grad_log_likelihood(family, theta, xs, y[None], hp))
