@@ -36,7 +36,8 @@ def test_ess_solver_hits_its_target(uniform: bool) -> None:
     target = 10.0
     delta = solve_increment(log_w, log_lik, target=target, remaining=1.0)
     assert 0 < delta < 1
-    assert float(conditional_ess(log_w, log_lik, delta)) == pytest.approx(target, abs=1e-3)
+    # the contract: the target met, at most ess_tolerance (1e-3) · M particles above it
+    assert target <= float(conditional_ess(log_w, log_lik, delta)) <= target + 1e-3 * 20
 
 
 def test_ess_solver_returns_the_remaining_increment_when_it_already_meets_the_target() -> None:
@@ -52,7 +53,7 @@ def test_ess_solver_handles_asymmetric_log_likelihoods() -> None:
     log_w = torch.zeros(10, dtype=torch.float64)
     delta = solve_increment(log_w, log_lik, target=5.0, remaining=1.0)
     assert delta > 0
-    assert float(conditional_ess(log_w, log_lik, delta)) == pytest.approx(5.0, abs=1e-3)
+    assert 5.0 <= float(conditional_ess(log_w, log_lik, delta)) <= 5.0 + 1e-3 * 10
     # and with the sign flipped (one particle far worse)
     delta = solve_increment(log_w, -log_lik - 1e4, target=5.0, remaining=1.0)
     assert float(conditional_ess(log_w, -log_lik - 1e4, delta)) >= 5.0 - 1e-3
