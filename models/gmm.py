@@ -210,7 +210,8 @@ class GaussianMixture(Family):
         ``∂_u = −a + b/σ² + (μ − m)²/(2 ms σ²) − 1/2`` (``m = mean_location``, ``ms = mean_variance_ratio``,
         the ``+1`` of ``log|J| = u`` included); the Dirichlet(α) weights give ``β_c ∂/∂β_c = α − 1`` plus, from the
         stick-breaking log-Jacobian ``Σ_i [−x'_i + log σ(x'_i) + log β_i]`` (``x' = x − log offset``), 1 for
-        ``c < C−1`` and ``−z_i`` on coordinate ``i``."""
+        ``c < C−1`` and ``−z_i`` on coordinate ``i``: summed (:meth:`_stick_breaking_gradient`),
+        ``∂/∂x_i = α (1 − (C − i) z_i)`` (``C − i = offset_i + 1``)."""
         C = self.params.components
         a, b, ms, m = (
             hp[k][..., None, None] for k in ("variance_shape", "variance_scale", "mean_variance_ratio", "mean_location")
@@ -221,13 +222,11 @@ class GaussianMixture(Family):
         g_u = -a + b * iv - 0.5 * mu * g_mu - 0.5
         lead = theta.shape[:-1]
         parts = [g_mu.reshape(*lead, -1), g_u.reshape(*lead, -1)]
-        if C > 1:
+        if C > 1:  # n_c = α − 1 + [c < C−1] in _stick_breaking_gradient, plus −z_i: α (1 − (C − i) z_i)
             alpha = hp["dirichlet_alpha"][..., None]  # [K, 1, 1]
-            n = (alpha - 1.0).expand(*lead, C).clone()
-            n[..., : C - 1] += 1.0
-            offset = torch.arange(C - 1, 0, -1, dtype=theta.dtype, device=theta.device)
-            z = torch.sigmoid(xs - offset.log())
-            parts.insert(0, self._stick_breaking_gradient(xs, n) - z)
+            log_offset = torch.arange(C - 1, 0, -1, dtype=theta.dtype, device=theta.device).log()
+            z = torch.sigmoid(xs - log_offset)
+            parts.insert(0, alpha * (1.0 - (log_offset.exp() + 1.0) * z))
         return torch.cat(parts, dim=-1)
 
     def sample_prior_constrained(self, generator, M, dtype, device):
