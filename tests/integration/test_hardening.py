@@ -419,7 +419,6 @@ def test_hub_shares_one_subscription(settings):
         slow, fast = Subscriber(2), [Subscriber(100) for _ in range(50)]
         for sub in [slow, *fast]:
             await hub.subscribe(channel, sub)
-        before = len([c for c in await r.client_list() if "sub=1" in json.dumps(c) or c.get("sub") == "1"])
         for i in range(20):
             await r.publish(channel, _evidence("m", 10 * i))
         for sub in fast:
@@ -430,8 +429,9 @@ def test_hub_shares_one_subscription(settings):
             texts += await slow.next_texts()
         kinds = [json.loads(t)["type"] for t in texts]
         assert "gap" in kinds and json.loads(texts[kinds.index("gap")])["since_index"] == 0
-        subs = [c for c in await r.client_list() if c.get("sub") not in (None, "0") or c.get("psub") not in (None, "0")]
-        assert len(subs) <= max(before, 1)
+        # one Redis subscriber on the channel for the 51 sockets (PUBSUB NUMSUB counts this channel only, so other
+        # clients of a shared Redis server do not count; the client list did, and failed on a busy machine)
+        assert [n for _, n in await r.pubsub_numsub(channel)] == [1]
         for sub in [slow, *fast]:
             await hub.unsubscribe(channel, sub)
         await hub.close()
