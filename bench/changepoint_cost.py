@@ -7,12 +7,13 @@ as a :class:`SegmentedEngine` (change-point defaults), in the same process, alte
 (one 5-value chunk), the ratio, challengers started and alive on average, and the share of the segmented
 time spent starting challengers (their first block from the prior).
 
-    python bench/changepoint_cost.py [--chunks 40,400] [--repeats 2]
+    python bench/changepoint_cost.py [--chunks 40,400] [--repeats 2] [--cp '{"burn_in": 10}']
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -24,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workers.changepoint import ChangepointSettings  # noqa: E402
 from workers.engine import ModelEngine  # noqa: E402
+from workers.worker.loop import warm_lazy_imports  # noqa: E402
+from workers import segmented as segmented_mod  # noqa: E402
 from workers.segmented import SegmentedEngine  # noqa: E402
 
 CHUNK = 5
@@ -43,36 +46,47 @@ def bare(data: list[list[float]]) -> float:
     return time.perf_counter() - t0
 
 
-def segmented(data: list[list[float]]) -> tuple[float, float, int, float]:
+def segmented(data: list[list[float]], settings: ChangepointSettings) -> tuple[float, float, int, float]:
     """(seconds, seconds starting challengers, challengers started, mean alive after a block)."""
-    eng = SegmentedEngine.create(FAMILY, PARAMS, SAMPLER, ChangepointSettings())
+    eng = SegmentedEngine.create(FAMILY, PARAMS, SAMPLER, settings)
     spawn_seconds = 0.0
-    spawn = eng._spawn
+    calls = 0
+    stacked = segmented_mod._stacked
 
-    def timed_spawn(*a, **k):
-        nonlocal spawn_seconds
+    def timed_stacked(jobs, *a, **k):  # advance_blocks: 1st call every population, 2nd the new challenger's
+        nonlocal spawn_seconds, calls
+        calls += 1
         t = time.perf_counter()
-        out = spawn(*a, **k)
-        spawn_seconds += time.perf_counter() - t
-        return out
+        stacked(jobs, *a, **k)
+        if calls % 2 == 0:
+            spawn_seconds += time.perf_counter() - t
 
-    eng._spawn = timed_spawn
+    segmented_mod._stacked = timed_stacked
     alive = []
-    t0 = time.perf_counter()
-    for c in data:
-        eng.update(None, c)
-        eng.take_alerts()
-        alive.append(len(eng.challengers))
-    return time.perf_counter() - t0, spawn_seconds, eng.started, statistics.fmean(alive)
+    try:
+        t0 = time.perf_counter()
+        for c in data:
+            eng.update(None, c)
+            eng.take_alerts()
+            alive.append(len(eng.challengers))
+        total = time.perf_counter() - t0
+    finally:
+        segmented_mod._stacked = stacked
+    return total, spawn_seconds, eng.started, statistics.fmean(alive)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", default="40,400")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--cp", default="{}", help="change-point settings (JSON) of the segmented engine")
     args = ap.parse_args()
+    settings = ChangepointSettings.model_validate(json.loads(args.cp))
     torch.set_num_threads(1)
-    ModelEngine(FAMILY, PARAMS, SAMPLER)  # first-use costs (imports, lazy initialisation) outside the timings
+    # first-use costs outside the timings, as the worker does (warm_lazy_imports): torch._dynamo (~1.7 s) is
+    # imported by the first defensive start's L-BFGS (workers.conflict.laplace), in some challenger's first block
+    warm_lazy_imports()
+    segmented(chunks(20, seed=1), settings)
     print("| chunks | bare ms/block | with challengers ms/block | ratio | started | alive (mean) | spawn share |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(v) for v in args.chunks.split(",")):
@@ -80,7 +94,7 @@ def main() -> None:
         rows = []
         for _ in range(args.repeats):
             tb = bare(data)
-            ts, sp, started, alive = segmented(data)
+            ts, sp, started, alive = segmented(data, settings)
             rows.append((tb, ts, sp, started, alive))
         tb = statistics.median(r[0] for r in rows)
         ts = statistics.median(r[1] for r in rows)

@@ -75,6 +75,12 @@ class ChangepointSettings(BaseModel):
     burn_in: int | None = Field(
         None, ge=0, le=10_000, description="SGHMC burn-in of the challengers (null = the model's burn_in)"
     )
+    ess_target: float | None = Field(
+        None, gt=0, lt=1, description="target conditional ESS per annealing step of the challengers (null = the model's)"
+    )
+    warmup_particles: int | None = Field(
+        None, ge=2, le=1_000_000, description="warm-up particles of the challengers (null = the model's)"
+    )
 
 
 def challenger_seed(seed: int, start: int) -> int:

@@ -260,8 +260,9 @@ class SegmentedEngine:
     # ----- challengers ------------------------------------------------------------------------
     def _sampler(self, seed: int) -> dict[str, Any]:
         over: dict[str, Any] = {"seed": seed}
-        if self.cp.burn_in is not None:
-            over["burn_in"] = self.cp.burn_in
+        for name in ("burn_in", "ess_target", "warmup_particles"):
+            if getattr(self.cp, name) is not None:
+                over[name] = getattr(self.cp, name)
         return self.main.settings.model_copy(update=over).model_dump()
 
     def _before_block(self, first: int, xb, yb) -> _Step:
