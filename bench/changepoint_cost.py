@@ -4,8 +4,10 @@ The live-feed workload of ``bench/live_feed.py`` without the service: a one-comp
 seed 0) fed ``--chunks`` chunks of 5 stationary N(0.3, 1) values, once as the bare :class:`ModelEngine` and once
 as a :class:`SegmentedEngine` (change-point defaults), in the same process, alternating ``--repeats`` times
 (the ratio is taken per repeat, so machine load that drifts between repeats cancels). Prints ms per block
-(one 5-value chunk), the ratio, challengers started and alive on average, and the share of the segmented
-time spent starting challengers (their first block from the prior).
+(one 5-value chunk), the ratio, challengers started and alive on average, the share of the segmented
+time spent starting challengers (their first block from the prior), and SGHMC move rounds per block
+(``workers.sgais._move`` iterations over a stack: deterministic, the main driver of the cost; a stack of
+a few models costs about what one does at these sizes).
 
     python bench/changepoint_cost.py [--chunks 40,400] [--repeats 2] [--cp '{"burn_in": 10}']
 """
@@ -23,11 +25,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workers import segmented as segmented_mod  # noqa: E402
+from workers import sgais  # noqa: E402
 from workers.changepoint import ChangepointSettings  # noqa: E402
 from workers.engine import ModelEngine  # noqa: E402
-from workers.worker.loop import warm_lazy_imports  # noqa: E402
-from workers import segmented as segmented_mod  # noqa: E402
 from workers.segmented import SegmentedEngine  # noqa: E402
+from workers.worker.loop import warm_lazy_imports  # noqa: E402
 
 CHUNK = 5
 FAMILY, PARAMS, SAMPLER = "gmm", {"dim": 1, "components": 1}, {"seed": 0}
@@ -36,6 +39,17 @@ FAMILY, PARAMS, SAMPLER = "gmm", {"dim": 1, "components": 1}, {"seed": 0}
 def chunks(n: int, seed: int = 0) -> list[list[float]]:
     g = torch.Generator().manual_seed(seed)
     return [(0.3 + torch.randn(CHUNK, generator=g, dtype=torch.float64)).tolist() for _ in range(n)]
+
+
+ROUNDS = [0]  # SGHMC move rounds (workers.sgais._move iterations over a stack), counted by _counting_move
+
+
+def _counting_move(move):
+    def wrapped(block, *a, burn, **k):
+        ROUNDS[0] += int(burn.max()) if burn.numel() else 0
+        return move(block, *a, burn=burn, **k)
+
+    return wrapped
 
 
 def bare(data: list[list[float]]) -> float:
@@ -87,22 +101,28 @@ def main() -> None:
     # imported by the first defensive start's L-BFGS (workers.conflict.laplace), in some challenger's first block
     warm_lazy_imports()
     segmented(chunks(20, seed=1), settings)
-    print("| chunks | bare ms/block | with challengers ms/block | ratio | started | alive (mean) | spawn share |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    sgais._move = _counting_move(sgais._move)
+    print(
+        "| chunks | bare ms/block | with challengers ms/block | ratio | started | alive (mean) | spawn share "
+        "| move rounds/block bare | with challengers |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(v) for v in args.chunks.split(",")):
         data = chunks(n)
         rows = []
         for _ in range(args.repeats):
+            ROUNDS[0] = 0
             tb = bare(data)
+            rb, ROUNDS[0] = ROUNDS[0], 0
             ts, sp, started, alive = segmented(data, settings)
-            rows.append((tb, ts, sp, started, alive))
+            rows.append((tb, ts, sp, started, alive, rb, ROUNDS[0]))
         tb = statistics.median(r[0] for r in rows)
         ts = statistics.median(r[1] for r in rows)
         ratio = statistics.median(r[1] / r[0] for r in rows)
         share = statistics.median(r[2] / r[1] for r in rows)
         print(
             f"| {n} | {1000 * tb / n:.1f} | {1000 * ts / n:.1f} | {ratio:.2f} | {rows[0][3]} | {rows[0][4]:.2f} "
-            f"| {100 * share:.0f}% |",
+            f"| {100 * share:.0f}% | {rows[0][5] / n:.1f} | {rows[0][6] / n:.1f} |",
             flush=True,
         )
 
