@@ -2,7 +2,8 @@
 
 :class:`SegmentedEngine` wraps the model's main :class:`~workers.engine.ModelEngine` (the population
 of the current segment) and up to ``max_challengers`` fresh copies of it (same family, prior and
-sampler; own seeds from :func:`workers.changepoint.challenger_seed`), each started at a candidate
+sampler but a lower conditional-ESS target, :func:`workers.changepoint.challenger_ess_target`; own seeds from
+:func:`workers.changepoint.challenger_seed`), each started at a candidate
 change point and absorbing the stream from there.  After every block it computes the change
 posterior (:mod:`workers.changepoint`), and when the probability of a change exceeds the threshold
 it raises a ``change_point`` alert and the most probable challenger becomes the main population.
@@ -280,8 +281,9 @@ class SegmentedEngine:
             eng.settings = s.model_copy(update={"ess_target": target})
 
     def _before_block(self, first: int, xb, yb) -> _Step:
-        """The block's jobs before any population moves: the main population and every challenger, with their
-        states and log Ẑ before the block (a challenger started in the block is placed after it, :meth:`_locate`)."""
+        """The block's jobs before any population moves: the main population and every challenger (its ESS target
+        set for the block, :meth:`_retarget`), with their states before the block (a challenger started in the
+        block is placed after it, :meth:`_locate`)."""
         step = _Step(self, first, xb, yb)
         step.jobs.append(self.main)
         if not self.cp.enabled:
