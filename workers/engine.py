@@ -149,7 +149,7 @@ class ModelEngine:
 
     @property
     def ess(self) -> float:
-        return float(ess(self._st.log_w))
+        return self._st.ess
 
     # ----- posterior --------------------------------------------------------------------------
     def posterior_summary(self) -> dict[str, Any]:

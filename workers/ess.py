@@ -49,16 +49,22 @@ def solve_increment(
     target: float | torch.Tensor,
     remaining: float | torch.Tensor,
     tolerance: float = 1e-9,
+    ess_tolerance: float = 1e-3,
     max_iterations: int = 60,
 ) -> torch.Tensor | float:
-    """Annealing increments ``Δ_k ∈ (0, remaining_k]`` with ``CESS_k(Δ_k) = target_k``, by bisection.
+    """Annealing increments ``Δ_k ∈ (0, remaining_k]`` with ``target_k ≤ CESS_k(Δ_k) ≤ target_k + ess_tolerance·M``.
 
     Returns ``remaining`` when ``CESS(remaining) ≥ target`` already (Algorithm 8,
-    line 6, with the step clipped at λ = 1).  CESS is non-increasing in ``Δ``,
-    so halving from ``remaining`` until the target is met brackets the root
-    (this reaches increments of 1e-12 and below in a few dozen evaluations), and
-    bisection then narrows the bracket to ``tolerance`` relative width or until CESS
-    is within ``1e-6 · M`` of the target.  The returned ``Δ`` always meets the target.
+    line 6, with the step clipped at λ = 1).  Otherwise a bracket ``[lo, hi]`` with
+    ``CESS(lo) ≥ target > CESS(hi)`` is found from a first guess, the increment of the
+    second-order expansion ``CESS(Δ) ≈ M / (1 + Δ² Var_W(ℓ))`` (``Var_W`` the weighted variance of
+    the log-likelihoods; exact to second order in Δ since ``CESS = M·E_W[ω]²/E_W[ω²]``), doubled or
+    halved until it brackets the root (usually one or two evaluations; halving reaches 1e-12 and below in a
+    few dozen), and bisection narrows it until ``CESS(mid)`` lies within ``ess_tolerance · M`` above the
+    target (or the bracket's relative width is ``tolerance``).  CESS is non-increasing in ``Δ``, and the
+    returned ``Δ`` always meets the target.  The target itself is a heuristic (the thesis's 0.5 M, our 0.9 M),
+    so a tenth of a percent of ``M`` above it changes nothing of substance and costs a third of the
+    evaluations of a 1e-6 M tolerance (measured: ~10 CESS evaluations per call instead of ~25).
     All models bisect together; a model whose bracket is done is frozen, so its answer
     is the one it gets alone.
 
@@ -77,7 +83,7 @@ def solve_increment(
     ------
     FloatingPointError
         If ``log_lik`` contains NaN or +inf (``-inf`` is allowed: a particle
-        with zero likelihood simply loses its weight).
+        with zero likelihood simply loses its weight), or no positive increment meets the target.
     """
     single = log_w.ndim == 1
     log_w = log_w.to(torch.float64).reshape(-1, log_w.shape[-1])
@@ -95,13 +101,33 @@ def solve_increment(
     opts: dict[str, Any] = {"dtype": torch.float64, "device": log_w.device}
     K, M = log_w.shape
     target = torch.as_tensor(target, **opts).expand(K)
-    hi = torch.as_tensor(remaining, **opts).expand(K).clone()
+    rem = torch.as_tensor(remaining, **opts).expand(K).clone()
     log_W = log_w - torch.logsumexp(log_w, -1, keepdim=True)
-    result = hi.clone()
-    todo = _cess(log_W, log_lik, hi) < target
-    lo = torch.where(todo, 0.5 * hi, hi)
-    # Phase 1: halve until CESS meets the target, giving a bracket [lo, hi] with lo > 0.
-    searching = todo.clone()
+    result = rem.clone()
+    todo = _cess(log_W, log_lik, rem) < target
+    if not todo.any():
+        return float(result[0]) if single else result
+    # First guess from the second-order expansion (docstring); rem/2 where it is useless.
+    W = torch.exp(log_W)
+    centred = log_lik - (W * log_lik).sum(-1, keepdim=True)
+    var = (W * centred * centred).sum(-1)
+    guess = torch.sqrt((M / target - 1.0).clamp_min(0.0) / var)
+    guess = torch.where(torch.isfinite(guess) & (guess > 0), torch.minimum(guess, rem), 0.5 * rem)
+    meets = _cess(log_W, log_lik, guess) >= target
+    lo, hi = torch.where(meets, guess, 0.5 * guess), torch.where(meets, rem, guess)
+    # Phase 1a: double lo while it meets the target (hi = remaining fails it: todo).
+    growing = todo & meets
+    for _ in range(max_iterations):
+        growing &= 2.0 * lo < hi
+        if not growing.any():
+            break
+        cand = 2.0 * lo
+        ok = _cess(log_W, log_lik, cand) >= target
+        hi = torch.where(growing & ~ok, cand, hi)
+        lo = torch.where(growing & ok, cand, lo)
+        growing &= ok
+    # Phase 1b: halve until lo meets the target, giving a bracket [lo, hi] with lo > 0.
+    searching = todo & ~meets
     for _ in range(max_iterations * 20):
         if not searching.any():
             break
@@ -109,17 +135,17 @@ def solve_increment(
         hi, lo = torch.where(searching, lo, hi), torch.where(searching, 0.5 * lo, lo)
         if (searching & (lo == 0.0)).any():
             raise FloatingPointError("no positive annealing increment meets the ESS target")
-    # Phase 2: bisection to relative precision `tolerance` (CESS(lo) ≥ target > CESS(hi)).
+    # Phase 2: bisection (CESS(lo) ≥ target > CESS(hi)) until CESS(mid) is within ess_tolerance·M above it.
     result = torch.where(todo, lo, result)
     for _ in range(max_iterations):
         if not todo.any():
             break
         mid = 0.5 * (lo + hi)
         value = _cess(log_W, log_lik, mid)
-        hit = todo & ((value - target).abs() <= 1e-6 * M)
+        up = value >= target
+        hit = todo & up & (value - target <= ess_tolerance * M)
         result = torch.where(hit, mid, result)
         todo &= ~hit
-        up = value > target
         lo, hi = torch.where(todo & up, mid, lo), torch.where(todo & ~up, mid, hi)
         result = torch.where(todo, lo, result)
         todo &= hi - lo > tolerance * hi

@@ -48,13 +48,12 @@ import torch
 from models.base import Family
 from models.stack import StackedFamily
 from workers import conflict, sgais
-from workers.ess import ess
 from workers.fisher import fisher_diagonal
 from workers.gradients import history_gradient
 from workers.history import History, StackBatches
 from workers.resampling import RESAMPLERS, systematic_resample
 from workers.settings import SamplerSettings
-from workers.state import BlockInfo, Model, SGAISState, Slot
+from workers.state import BlockInfo, Model, SGAISState, Slot, summaries
 
 #: Sampler settings that may differ between the models of one stack (per-model rows or engine policy).
 PER_MODEL_SETTINGS = frozenset(
@@ -185,7 +184,7 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
         if yr.shape[0] == 0:  # every value went into the conditioning context
             m.state = st._replace(context=context, blocks=st.blocks + 1)
             m.observations += y.shape[0]
-            out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, float(ess(st.log_w)), False, False,
+            out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, st.ess, False, False,
                                log_evidence_se=st.log_evidence_se)  # fmt: skip
             continue
         pending.append(_before_block(i, m, st, xr, yr, context)._replace(raw=y.shape[0]))
@@ -296,14 +295,18 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     out: list[BlockInfo | sgais.NumericalError | None] = [None] * len(group)
     # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
+    log_w_rows = list(new.log_w.unbind(0))
+    sums = summaries(new.log_w, log_w_rows)  # log Ẑ, its open-epoch variance and the ESS, for the whole stack
+    moved = [f for f in sgais.StackState._fields if f != "log_w"]
     for k, p in enumerate(group):
         if stats.error[k] is not None:
             out[k] = sgais.NumericalError(stats.error[k])
             continue
         old = p.state
         st = old._replace(
-            **{f: getattr(new, f)[k] for f in sgais.StackState._fields}, context=p.context, blocks=old.blocks + 1
-        )
+            **{f: getattr(new, f)[k] for f in moved}, log_w=log_w_rows[k], summary=sums[k], context=p.context,
+            blocks=old.blocks + 1,
+        )  # fmt: skip
         if stats.guard_tripped[k] and st.degraded is None:
             st = st._replace(degraded=GUARD_REASON.format(s0.max_annealing_steps))
         old_log_z, log_z = old.log_evidence, st.log_evidence
@@ -328,7 +331,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
             log_predictive=log_predictive,
             log_evidence=log_z,
             annealing_steps=stats.annealing_steps[k],
-            ess=float(ess(st.log_w)),
+            ess=st.ess,
             resampled=stats.resampled[k],
             guard_tripped=stats.guard_tripped[k],
             reannealed=reannealed,

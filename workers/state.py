@@ -35,6 +35,9 @@ class SGAISState(NamedTuple):
         bar stays that of the reported estimate.
     degraded : why the running ``log Ẑ`` is not certified (:mod:`workers.conflict`), or None; kept until a
         re-annealing replaces the estimate by one that passes the checks.
+    summary : ``(log_w, log Ẑ, open-epoch variance, ESS)`` computed for the whole stack at once by the kernel
+        (:func:`summaries`), or None.  Used only while its first entry *is* this state's ``log_w`` (a state
+        rebuilt with other log-weights computes its own), so it can never go stale; not checkpointed.
     """
 
     theta: torch.Tensor
@@ -51,6 +54,12 @@ class SGAISState(NamedTuple):
     n_change: int = 0
     evidence_var: torch.Tensor = torch.zeros((), dtype=torch.float64)
     degraded: str | None = None
+    summary: tuple[torch.Tensor, float, float, float] | None = None
+
+    def _summary(self) -> tuple[torch.Tensor, float, float, float]:
+        if self.summary is not None and self.summary[0] is self.log_w:
+            return self.summary
+        return summaries(self.log_w[None], [self.log_w])[0]
 
     @property
     def n(self) -> int:
@@ -60,20 +69,39 @@ class SGAISState(NamedTuple):
     @property
     def log_evidence(self) -> float:
         """``log Ẑ_n`` (nats), thesis eq. 4.6."""
-        return float(torch.logsumexp(self.log_w, 0) - math.log(self.log_w.shape[0]))
+        return self._summary()[1]
 
     @property
     def log_evidence_var(self) -> float:
         """Estimated Monte Carlo variance of ``log Ẑ_n`` (nats²): the closed epochs' ``evidence_var``
         plus the open epoch's :func:`workers.sgais.epoch_variance` of ``log_w``."""
-        from workers.sgais import epoch_variance
-
-        return float(self.evidence_var + epoch_variance(self.log_w))
+        return float(self.evidence_var) + self._summary()[2]
 
     @property
     def log_evidence_se(self) -> float:
         """Monte Carlo standard error of ``log Ẑ_n`` (nats), ``sqrt(log_evidence_var)``."""
         return math.sqrt(max(self.log_evidence_var, 0.0))
+
+    @property
+    def ess(self) -> float:
+        """ESS of the current log-weights, in particles (:func:`workers.ess.ess`)."""
+        return self._summary()[3]
+
+
+def summaries(log_w: torch.Tensor, rows: list[torch.Tensor]) -> list[tuple[torch.Tensor, float, float, float]]:
+    """The :attr:`SGAISState.summary` of each model of a stack, three batched reductions for all of them.
+
+    ``log_w: [K, M]`` float64; ``rows[k]`` the tensor the k-th state holds as its ``log_w`` (its row ``k``).
+    ``log Ẑ = logsumexp(log_w) − log M`` (thesis eq. 4.6), the open epoch's variance
+    (:func:`workers.sgais.epoch_variance`) and the ESS (:func:`workers.ess.ess`), each row-wise, so a
+    model's numbers do not depend on the stack it is in.
+    """
+    from workers.ess import ess
+    from workers.sgais import epoch_variance
+
+    log_z = (torch.logsumexp(log_w, -1) - math.log(log_w.shape[-1])).tolist()
+    var, n_eff = epoch_variance(log_w).tolist(), ess(log_w).tolist()
+    return list(zip(rows, log_z, var, n_eff, strict=True))
 
 
 class BlockInfo(NamedTuple):

@@ -202,6 +202,26 @@ def test_transforms_round_trip_and_log_jacobian_matches_autograd(name, params):
 
 
 @pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_written_out_transforms_have_torch_distributions_bits(name, params):
+    """``ParameterSpace.constrain`` writes the positive and simplex transforms out (issue 9, lean hot path):
+    values and log-|J| must be bit for bit those of ``torch.distributions``' transforms."""
+    family = make_family(name, params)
+    space = family.space
+    g = torch.Generator().manual_seed(4)
+    theta = torch.randn(3, 7, family.dim, generator=g, dtype=D64) * 2.0
+    values, log_det = space.constrain(theta)
+    want_det = theta.new_zeros(theta.shape[:-1])
+    for spec in space.specs:
+        u = theta[..., space.slices[spec.name]].reshape(*theta.shape[:-1], *space.shapes[spec.name])
+        t = space.transforms[spec.name]
+        want = u if t is None else t(u)
+        if t is not None:
+            want_det = want_det + t.log_abs_det_jacobian(u, want).reshape(*theta.shape[:-1], -1).sum(-1)
+        assert torch.equal(values[spec.name], want), spec.name
+    assert torch.equal(log_det, want_det)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
 def test_prior_draws_use_only_the_explicit_generator(name, params):
     family = make_family(name, params)
     torch.manual_seed(0)

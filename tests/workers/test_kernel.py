@@ -36,7 +36,8 @@ def test_ess_solver_hits_its_target(uniform: bool) -> None:
     target = 10.0
     delta = solve_increment(log_w, log_lik, target=target, remaining=1.0)
     assert 0 < delta < 1
-    assert float(conditional_ess(log_w, log_lik, delta)) == pytest.approx(target, abs=1e-3)
+    # the contract: the target met, at most ess_tolerance (1e-3) · M particles above it
+    assert target <= float(conditional_ess(log_w, log_lik, delta)) <= target + 1e-3 * 20
 
 
 def test_ess_solver_returns_the_remaining_increment_when_it_already_meets_the_target() -> None:
@@ -52,7 +53,7 @@ def test_ess_solver_handles_asymmetric_log_likelihoods() -> None:
     log_w = torch.zeros(10, dtype=torch.float64)
     delta = solve_increment(log_w, log_lik, target=5.0, remaining=1.0)
     assert delta > 0
-    assert float(conditional_ess(log_w, log_lik, delta)) == pytest.approx(5.0, abs=1e-3)
+    assert 5.0 <= float(conditional_ess(log_w, log_lik, delta)) <= 5.0 + 1e-3 * 10
     # and with the sign flipped (one particle far worse)
     delta = solve_increment(log_w, -log_lik - 1e4, target=5.0, remaining=1.0)
     assert float(conditional_ess(log_w, -log_lik - 1e4, delta)) >= 5.0 - 1e-3
@@ -253,6 +254,9 @@ def test_posterior_summary_from_a_checkpoint_equals_the_engines(dtype: str) -> N
         ("autoregressive", {"order": 2, "variance_shape": 2.0, "variance_scale": 3.0}),
         ("gmm", {"dim": 2, "components": 1, "variance_shape": 2.5, "variance_scale": 0.5, "mean_scale": 3.0}),
         ("gmm", {"dim": 2, "components": 1, "mean_location": -1.5, "mean_variance_ratio": 0.5}),
+        ("gmm", {"dim": 1, "components": 2}),
+        ("gmm", {"dim": 2, "components": 3, "dirichlet_alpha": 0.7, "variance_shape": 2.0, "mean_location": 0.5}),
+        ("gmm", {"dim": 3, "components": 4, "dirichlet_alpha": 2.5, "mean_variance_ratio": 0.3}),
     ],
 )
 def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
@@ -265,7 +269,7 @@ def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
     theta = torch.randn(1, 4, family.dim, generator=g, dtype=torch.float64)
     x, y = linear_data(30, d=params.get("features", params.get("order", 2)))
     if name == "gmm":
-        x, y = None, torch.randn(30, 2, generator=g, dtype=torch.float64)
+        x, y = None, torch.randn(30, params["dim"], generator=g, dtype=torch.float64)
     xs = x[None] if x is not None else None
     got = family.stacked_grad_log_likelihood(theta, xs, y[None], hp)
     torch.testing.assert_close(got, Family.stacked_grad_log_likelihood(family, theta, xs, y[None], hp))
