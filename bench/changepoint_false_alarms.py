@@ -4,7 +4,7 @@ Per family and seed: ``--n`` observations drawn from one fixed parameter value o
 :class:`SegmentedEngine` (change-point defaults) in blocks of ``--block``; counts the ``change_point``
 alerts (every one is false) and the largest change probability, and the time per observation.
 
-    python bench/changepoint_false_alarms.py [--n 10000] [--seeds 5] [--block 100] [--families ...]
+    python bench/changepoint_false_alarms.py [--n 10000] [--seeds 5] [--block 100] [--families ...] [--changepoint '{}']
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--block", type=int, default=100)
     ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--changepoint", default="{}", help="ChangepointSettings overrides as JSON (default: the defaults)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     total_alarms, total_obs = 0, 0
@@ -69,7 +70,9 @@ def main() -> None:
         for seed in range(args.seeds):
             x, y = stream(family, args.n, seed)
             sampler = {"block_size": args.block, "seed": seed}
-            eng = SegmentedEngine.create(family, FAMILIES[family], sampler, ChangepointSettings())
+            eng = SegmentedEngine.create(
+                family, FAMILIES[family], sampler, ChangepointSettings(**json.loads(args.changepoint))
+            )
             alarms, top = [], 0.0
             t0 = time.perf_counter()
             for k in range(0, args.n, args.block):

@@ -9,7 +9,7 @@ fed the same standardised values (one detector per column, detections pooled).
 
 Metrics: bench/tcpd_metrics.py (F1 with a 5-observation margin, segmentation covering).
 
-    python bench/changepoints.py [--block 5] [--refresh]
+    python bench/changepoints.py [--block 5] [--refresh] [--changepoint '{"ess_target": 0.5}'] [--sampler '{"seed": 1}']
 
 Traces are cached in bench/out/ (the detector can be re-scored without re-running SGAIS).
 """
@@ -283,12 +283,13 @@ def main() -> None:
     ap.add_argument("--series", default=None, help="comma-separated series to run (default: all, then score)")
     ap.add_argument("--changepoint", default="{}", help="ChangepointSettings overrides as JSON (default: the defaults)")
     ap.add_argument("--models", default=None, help="comma-separated models to run (default: all of model_specs)")
+    ap.add_argument("--sampler", default="{}", help="sampler overrides as JSON, e.g. '{\"seed\": 1}' (seed noise)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     names = args.series.split(",") if args.series else None
     cps = json.loads(args.changepoint)
     models = args.models.split(",") if args.models else None
-    data = compute_traces(args.block, {}, args.refresh, args.score_only, names, cps, models)
+    data = compute_traces(args.block, json.loads(args.sampler), args.refresh, args.score_only, names, cps, models)
     settings = alerts.AlertSettings(**json.loads(args.settings))
     print(f"block={args.block} sampler={data['sampler']} changepoint={cps} alerts={settings.model_dump()}")
     score(data, settings)

@@ -6,7 +6,7 @@ unknown noise variance) on the standardised series: the ``change_point`` alerts 
 worker time per observation with challengers (:class:`SegmentedEngine`) and without (the plain
 :class:`ModelEngine` on the same blocks, same seed): the challenger cost (item 6).
 
-    python bench/nile.py [--models gmm1,ar1]
+    python bench/nile.py [--models gmm1,ar1] [--changepoint '{"ess_target": 0.5}']
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def nile() -> np.ndarray:
     return (y - y.mean()) / y.std()
 
 
-def run(name: str, z: np.ndarray, challengers: bool) -> dict:
+def run(name: str, z: np.ndarray, challengers: bool, cps: dict | None = None) -> dict:
     family, params = MODELS[name]
     eng = (
-        SegmentedEngine.create(family, params, SAMPLER, ChangepointSettings())
+        SegmentedEngine.create(family, params, SAMPLER, ChangepointSettings(**(cps or {})))
         if challengers
         else ModelEngine(family, params, SAMPLER)
     )
@@ -66,12 +66,13 @@ def run(name: str, z: np.ndarray, challengers: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gmm1,ar1")
+    ap.add_argument("--changepoint", default="{}", help="ChangepointSettings overrides as JSON (default: the defaults)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     z = nile()
     for name in args.models.split(","):
         plain = run(name, z, challengers=False)
-        seg = run(name, z, challengers=True)
+        seg = run(name, z, challengers=True, cps=json.loads(args.changepoint))
         alerts = [
             (a["observation_index"], a["detected_at_index"], round(a["log_bayes_factor"], 2)) for a in seg["alerts"]
         ]

@@ -2,7 +2,8 @@
 
 :class:`SegmentedEngine` wraps the model's main :class:`~workers.engine.ModelEngine` (the population
 of the current segment) and up to ``max_challengers`` fresh copies of it (same family, prior and
-sampler; own seeds from :func:`workers.changepoint.challenger_seed`), each started at a candidate
+sampler but a lower conditional-ESS target, :func:`workers.changepoint.challenger_ess_target`; own seeds from
+:func:`workers.changepoint.challenger_seed`), each started at a candidate
 change point and absorbing the stream from there.  After every block it computes the change
 posterior (:mod:`workers.changepoint`), and when the probability of a change exceeds the threshold
 it raises a ``change_point`` alert and the most probable challenger becomes the main population.
@@ -81,12 +82,10 @@ class _Step:
     first: int  # stream index of the block's first value
     xb: Any
     yb: Any
-    lz_prev: float  # the main population's log Ẑ before the block (nats)
-    var_prev: float  # its Var(log Ẑ) (nats²)
     jobs: list[ModelEngine] = field(default_factory=list)  # the populations absorbing the block, main first
-    before: dict[int, float] = field(default_factory=dict)  # challengers' log Ẑ before the block, by start
-    before_var: dict[int, float] = field(default_factory=dict)  # their Var(log Ẑ) (nats²)
-    states: list[Any] = field(default_factory=list)  # the populations' states before the block, main first
+    # the populations' states before the block, main first (their log Ẑ and Var(log Ẑ) are read from these when a
+    # challenger starts, not every block)
+    states: list[Any] = field(default_factory=list)
     failed: set[int] = field(default_factory=set)  # id() of the challengers' engines that failed on the block
     spawn: Challenger | None = None  # a challenger started in this block
     spawn_k: int = 0  # its first row in the block (it absorbs rows spawn_k..)
@@ -259,20 +258,38 @@ class SegmentedEngine:
 
     # ----- challengers ------------------------------------------------------------------------
     def _sampler(self, seed: int) -> dict[str, Any]:
-        over: dict[str, Any] = {"seed": seed}
+        model = self.main.settings  # the model's sampler (a confirmed challenger gets it back, _confirm)
+        over: dict[str, Any] = {"seed": seed, "ess_target": self._ess_target(model.initial_particles)}
         if self.cp.burn_in is not None:
             over["burn_in"] = self.cp.burn_in
-        return self.main.settings.model_copy(update=over).model_dump()
+        return model.model_copy(update=over).model_dump()
+
+    def _ess_target(self, particles: int) -> float:
+        """A challenger's ESS target with ``particles`` (:func:`workers.changepoint.challenger_ess_target`)."""
+        return cp.challenger_ess_target(self.cp, self.main.settings.ess_target, particles)
+
+    def _retarget(self, eng: ModelEngine) -> None:
+        """Set a challenger's ESS target for the particles it will have in its next block: the warm-up population
+        is reduced to ``particles`` once ``warmup_observations`` have been absorbed
+        (:func:`workers.stacking.reduce_particles`), where the target rises back towards the model's."""
+        s, st = eng.settings, eng._st
+        m = st.theta.shape[0]
+        if m > s.particles and st.history.seen >= s.warmup_observations:
+            m = s.particles
+        target = self._ess_target(m)
+        if s.ess_target != target:
+            eng.settings = s.model_copy(update={"ess_target": target})
 
     def _before_block(self, first: int, xb, yb) -> _Step:
-        """The block's jobs before any population moves: the main population and every challenger, with their
-        states and log Ẑ before the block (a challenger started in the block is placed after it, :meth:`_locate`)."""
-        step = _Step(self, first, xb, yb, self.main.log_evidence, self.main._st.log_evidence_var)
+        """The block's jobs before any population moves: the main population and every challenger (its ESS target
+        set for the block, :meth:`_retarget`), with their states before the block (a challenger started in the
+        block is placed after it, :meth:`_locate`)."""
+        step = _Step(self, first, xb, yb)
         step.jobs.append(self.main)
         if not self.cp.enabled:
             return step
-        step.before = {c.start: c.engine.log_evidence for c in self.challengers}
-        step.before_var = {c.start: c.engine._st.log_evidence_var for c in self.challengers}
+        for c in self.challengers:
+            self._retarget(c.engine)
         step.states = [self.main.state] + [c.engine.state for c in self.challengers]
         step.jobs += [c.engine for c in self.challengers]
         return step
@@ -297,11 +314,12 @@ class SegmentedEngine:
         due = first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first)
         if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
             k, prefix = self._locate([step.states[0]] + [s for _, s in alive], step.xb, step.yb)
-            bases = {c.start: step.before[c.start] + p for (c, _), p in zip(alive, prefix[1:], strict=True)}
-            base_vars = {c.start: step.before_var[c.start] for c, _ in alive}
+            bases = {c.start: s.log_evidence + p for (c, s), p in zip(alive, prefix[1:], strict=True)}
+            base_vars = {c.start: s.log_evidence_var for c, s in alive}
+            main = step.states[0]
             step.spawn_k = k
             step.spawn = self._new_challenger(
-                first + k, k, step.lz_prev + prefix[0], step.var_prev, bases, base_vars, step.xb, step.yb
+                first + k, k, main.log_evidence + prefix[0], main.log_evidence_var, bases, base_vars, step.xb, step.yb
             )
             return step.spawn
         return None

@@ -145,3 +145,48 @@ def test_no_false_alarm_on_a_stationary_stream(seed):
     y = shifted(2000, 2000, 0.0, seed=10 + seed)
     _, alerts, probs = run(y, {**CHEAP, "block_size": 50, "seed": seed}, 50)
     assert alerts == [] and max(probs) < 0.5
+
+
+def test_challenger_ess_target_rule():
+    """min(model's, max(ess_target, ess_min_particles / M)); null = the model's."""
+    s = cp.ChangepointSettings()  # ess_target 0.5, ess_min_particles 25
+    assert cp.challenger_ess_target(s, 0.9, 50) == 0.5  # the default warm-up population
+    assert cp.challenger_ess_target(s, 0.9, 40) == 25 / 40
+    assert cp.challenger_ess_target(s, 0.9, 10) == 0.9  # 25 particles would exceed the model's target
+    assert cp.challenger_ess_target(s, 0.3, 50) == 0.3  # never above the model's
+    off = cp.ChangepointSettings(ess_target=None)
+    assert cp.challenger_ess_target(off, 0.9, 50) == 0.9
+
+
+def test_challenger_ess_target_follows_the_warm_up_and_survives_a_checkpoint():
+    """With 50 warm-up particles reduced to 10 after 40 observations: every challenger anneals at 0.5 while it
+    has 50 particles and at the model's 0.9 from the block its population is reduced (the target is set before
+    the block, from the particle count the block will have); the main population keeps the model's; a
+    checkpoint taken before the reductions resumes to the same bits (the target is in the challenger's
+    checkpointed sampler settings)."""
+    sampler = {
+        **CHEAP, "warmup_particles": 50, "warmup_observations": 40, "block_size": 10, "seed": 3,
+    }  # fmt: skip
+    y = shifted(120, 120, 0.0, seed=5)
+    keep = cp.ChangepointSettings(prune_weight=0)  # no challenger pruned: those at 10 and 20 pass 40 observations
+    eng = SegmentedEngine.create(*GAUSS, sampler, keep)
+    seen = set()
+    for k in range(0, 120, 10):
+        eng.update(None, y[k : k + 10])
+        assert eng.main.settings.ess_target == 0.9
+        for c in eng.challengers:
+            m = c.engine._st.theta.shape[0]
+            assert c.engine.settings.ess_target == (0.5 if m == 50 else 0.9), (c.start, m)
+            seen.add(m)
+    assert seen == {10, 50}  # both regimes were exercised
+    first, _, _ = run(y, sampler, 10, keep, stop=30)
+    restored = SegmentedEngine.restore(
+        first.to_bytes(include_history=False),
+        first.changepoint_bytes(),
+        keep,
+        lambda: iter([(None, y[:30])]),
+    )
+    for k in range(30, 120, 10):
+        restored.update(None, y[k : k + 10])
+    assert restored.log_evidence == eng.log_evidence
+    assert [c.engine.log_evidence for c in restored.challengers] == [c.engine.log_evidence for c in eng.challengers]
