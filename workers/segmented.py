@@ -260,8 +260,9 @@ class SegmentedEngine:
     def _sampler(self, seed: int) -> dict[str, Any]:
         model = self.main.settings  # the model's sampler (a confirmed challenger gets it back, _confirm)
         over: dict[str, Any] = {"seed": seed, "ess_target": self._ess_target(model.initial_particles)}
-        if self.cp.burn_in is not None:
-            over["burn_in"] = self.cp.burn_in
+        over["burn_in"] = (
+            self.cp.burn_in if self.cp.burn_in is not None else math.ceil(self.cp.burn_in_fraction * model.burn_in)
+        )
         return model.model_copy(update=over).model_dump()
 
     def _ess_target(self, particles: int) -> float:

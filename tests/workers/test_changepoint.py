@@ -190,3 +190,19 @@ def test_challenger_ess_target_follows_the_warm_up_and_survives_a_checkpoint():
         restored.update(None, y[k : k + 10])
     assert restored.log_evidence == eng.log_evidence
     assert [c.engine.log_evidence for c in restored.challengers] == [c.engine.log_evidence for c in eng.challengers]
+
+
+@pytest.mark.parametrize(("burn_in", "fraction", "want"), [(None, 0.5, 2), (None, 1.0, 3), (7, 0.5, 7)])
+def test_challenger_burn_in_is_a_fraction_of_the_models_unless_set(burn_in, fraction, want):
+    """A challenger's SGHMC burn-in is ceil(burn_in_fraction · the model's) (3 → 2 at the default 0.5), or the
+    explicit ``burn_in``; a confirmed challenger takes the model's sampler back (burn-in 3 again)."""
+    settings = cp.ChangepointSettings(burn_in=burn_in, burn_in_fraction=fraction)
+    eng = SegmentedEngine.create(*GAUSS, {**CHEAP, "seed": 1}, settings)
+    y = shifted(160, 80, 6.0, seed=2)
+    confirmed = False
+    for k in range(0, 160, 10):
+        eng.update(None, y[k : k + 10])
+        assert all(c.engine.settings.burn_in == want for c in eng.challengers)
+        confirmed |= bool(eng.take_alerts())
+        assert eng.main.settings.burn_in == 3
+    assert confirmed  # a 6-sd shift: the winner became the main population with the model's burn-in
