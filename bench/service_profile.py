@@ -98,10 +98,13 @@ def start_api(port: int, data_dir: str, prefix: str, log_path: Path, prof: Path 
     raise RuntimeError("API did not print its Redis URL")
 
 
-# cProfile on the CPU clock (time.process_time) instead of the wall clock; the worker exits its loop on SIGTERM
-_CPU_PROFILE = (
-    "import cProfile, runpy, sys, time; p = cProfile.Profile(time.process_time); p.enable()\n"
-    "try: runpy.run_module('workers.runner', run_name='__main__')\n"
+# The worker under cProfile, on the wall clock or the CPU clock (time.process_time).  It calls
+# ``workers.runner.main()`` rather than running the module as __main__: the module's __main__ block ends with
+# os._exit(0) (it skips the interpreter's teardown), which would exit before the profile is written.
+_PROFILE = (
+    "import cProfile, sys, time; from workers.runner import main\n"
+    "p = cProfile.Profile(time.process_time) if sys.argv[2] == 'cpu' else cProfile.Profile(); p.enable()\n"
+    "try: main()\n"
     "finally: p.disable(); p.dump_stats(sys.argv[1])"
 )
 
@@ -110,10 +113,8 @@ def start_worker(redis_url: str, prefix: str, prof: Path | None, clock: str = "w
     env = {**os.environ, "SGAIS_REDIS_URL": redis_url, "SGAIS_KEY_PREFIX": prefix, "OMP_NUM_THREADS": "1"}
     if prof is None:
         cmd = [sys.executable, "-m", "workers.runner"]
-    elif clock == "cpu":
-        cmd = [sys.executable, "-c", _CPU_PROFILE, str(prof)]
     else:
-        cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "workers.runner"]
+        cmd = [sys.executable, "-c", _PROFILE, str(prof), clock]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

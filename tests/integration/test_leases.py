@@ -97,3 +97,27 @@ def test_a_lost_lease_is_counted_with_its_refused_blocks(settings):
         assert 'sgais_lease_losses_total{model="m",tenant="default",worker="first"} 1.0' in text
         assert 'sgais_retried_blocks_total{model="m",tenant="default",worker="first"} 3.0' in text
     r.close()
+
+
+def test_a_worker_at_its_share_leases_a_new_model_once_a_held_one_is_deleted(settings):
+    """A deleted model stops counting towards the worker's fair share at the next scan, not when the
+    heartbeat's renewal finds its lease gone: with one live worker and one model, deleting it and creating
+    another gets the new one leased by the next scan (the heartbeat is never due in this test)."""
+    from workers.worker import Worker
+
+    with TestClient(create_app(settings, workers=0)) as api:
+        assert api.post("/v1/models", json={"name": "old", "stream": "s", **SMALL_MODEL}).status_code == 201
+        worker = Worker(
+            settings.model_copy(update={"lease_ttl_seconds": 60.0, "heartbeat_seconds": 60.0}), worker_id="w"
+        )
+        worker.heartbeat()  # counted live: the share is one model per live worker
+        worker.scan()
+        assert set(worker.held) == {"default/old"}
+        assert api.delete("/v1/models/old").status_code == 204
+        assert api.post("/v1/models", json={"name": "new", "stream": "s", **SMALL_MODEL}).status_code == 201
+        worker.scan()
+        assert "default/new" in worker.held
+        worker.step()  # the loop drops the deleted model (no lease loss counted: it was deleted)
+        assert set(worker.held) == {"default/new"}
+        r = redis.Redis.from_url(settings.redis_url)
+        assert not r.hget(Keys(settings.key_prefix).lease_losses, counter_field("w", "default", "old"))

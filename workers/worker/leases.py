@@ -88,6 +88,11 @@ class Leases:
         with self.lock:
             self.held.clear()
 
+    def live_count(self) -> int:
+        """Held models not flagged lost."""
+        with self.lock:
+            return sum(not h.lost for h in self.held.values())
+
     def release(self, h: Held) -> None:
         """Give the model up (the lease is deleted if still ours)."""
         self.drop(h.ref)
@@ -120,12 +125,19 @@ class Leases:
         members, live = pipe.execute()
         refs = sorted(x.decode() for x in members)
         share = math.ceil(len(refs) / max(live, 1))
-        while len(self.held) > share:  # rebalance towards workers that joined
+        # a held model that left the registry was deleted (its lease went with it): flagged lost at once, so
+        # the loop drops it now and it stops counting towards the share; waiting for the heartbeat's renewal
+        # to find the lease gone kept a worker at its share from leasing a new model for up to a second
+        present = set(refs)
+        for h in self.snapshot():
+            if h.ref not in present:
+                h.lost = True
+        while self.live_count() > share:  # rebalance towards workers that joined
             with self.lock:
-                ref = sorted(self.held)[-1]
+                ref = sorted(r for r, h in self.held.items() if not h.lost)[-1]
             self.release(self.held[ref])
         free = [ref for ref in refs if ref not in self.held]
-        if len(self.held) >= share or not free:
+        if self.live_count() >= share or not free:
             return []
         # each worker tries the models in its own order, so racing workers rarely collide
         free.sort(key=lambda ref: zlib.crc32(f"{self.worker_id}/{ref}".encode()))
@@ -135,8 +147,9 @@ class Leases:
             pipe.hget(attempts_key(self.keys, *parse_model_ref(ref)), "parked_until")
         taken: list[Held] = []
         res = pipe.execute()
+        held = self.live_count()
         for ref, st, parked in zip(free, res[::2], res[1::2], strict=True):
-            if len(self.held) + len(taken) >= share:
+            if held + len(taken) >= share:
                 break
             if st == b"error" or (parked is not None and float(parked) > time.time()):  # failed, or parked
                 continue
