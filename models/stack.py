@@ -17,6 +17,16 @@ import torch
 from models.base import Family
 
 
+def stack_key_of(family: Family) -> tuple[Any, ...]:
+    """``family.stack_key()``, computed once per family (its hyperparameters are frozen): every round of the
+    worker groups its models by it."""
+    try:
+        return family.__dict__["_stack_key"]
+    except KeyError:
+        key = family.__dict__["_stack_key"] = family.stack_key()
+        return key
+
+
 class StackedFamily:
     """``K`` models of one family with per-model hyperparameters.
 
@@ -34,15 +44,25 @@ class StackedFamily:
 
     def __init__(self, families: Sequence[Family], dtype: torch.dtype, device: torch.device | str):
         self.family = families[0]
-        key = self.family.stack_key()
-        if any(f.stack_key() != key for f in families):
+        key = stack_key_of(self.family)
+        if any(stack_key_of(f) != key for f in families):
             raise ValueError("families of one stack must share a stack key")
         names = list(self.family.hyper())
-        rows = [[f.hyper()[k] for k in names] for f in families]
+        rows = [[hp[k] for k in names] for hp in (f.hyper() for f in families)]
         table = torch.tensor(rows, dtype=dtype, device=device).reshape(len(families), len(names))
         self.hp = {k: table[:, i : i + 1] for i, k in enumerate(names)}
         self.K = len(families)
         self.hp_dtype = dtype
+
+    @classmethod
+    def of(cls, family: Family, dtype: torch.dtype, device: torch.device | str) -> StackedFamily:
+        """The stack of ``family`` alone, built once per family, dtype and device (a family's hyperparameters
+        are frozen; a stack is never modified in place, :meth:`select` makes a new one)."""
+        cache = family.__dict__.setdefault("_stacked_alone", {})
+        key = (dtype, str(device))
+        if key not in cache:
+            cache[key] = cls([family], dtype, device)
+        return cache[key]
 
     @classmethod
     def _from_hp(cls, family: Family, hp: dict[str, torch.Tensor], K: int, dtype: torch.dtype) -> StackedFamily:

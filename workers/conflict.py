@@ -96,7 +96,7 @@ class OneBlock(NamedTuple):
 def one_block(family: Family, x: torch.Tensor | None, y: torch.Tensor, device: torch.device) -> OneBlock:
     """:class:`OneBlock` of ``family`` and the block ``x: [B, d] | None``, ``y: [B, ...]``."""
     return OneBlock(
-        StackedFamily([family], torch.float64, device),
+        StackedFamily.of(family, torch.float64, device),
         x.to(torch.float64)[None] if x is not None else None,
         y.to(torch.float64)[None],
     )

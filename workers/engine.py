@@ -79,8 +79,8 @@ class ModelEngine:
 
     Parameters
     ----------
-    family : str
-        Registered family name (``models.FAMILIES``).
+    family : str | Family
+        Registered family name (``models.FAMILIES``), or a family instance used as it is (``params`` ignored).
     params : dict
         The family's hyperparameters.
     sampler : SamplerSettings | dict
@@ -89,13 +89,15 @@ class ModelEngine:
 
     def __init__(
         self,
-        family: str,
+        family: str | Family,
         params: dict[str, Any] | None = None,
         sampler: SamplerSettings | dict[str, Any] | None = None,
         *,
         _init_state: bool = True,
     ):
-        self.family: Family = make_family(family, params)
+        # a Family instance is shared as it is (hyperparameters frozen; ``params`` ignored): a model's challengers
+        # use the model's own instance rather than validating the same hyperparameters again
+        self.family: Family = family if isinstance(family, Family) else make_family(family, params)
         self.settings = sampler if isinstance(sampler, SamplerSettings) else SamplerSettings(**(sampler or {}))
         self.generator = torch.Generator(device=self.settings.torch_device)
         self.generator.manual_seed(self.settings.seed)

@@ -42,6 +42,7 @@ import torch
 from models.stack import StackedFamily
 from workers import changepoint as cp
 from workers.engine import ModelEngine
+from workers.settings import SamplerSettings
 from workers.stacking import advance_stack
 from workers.state import BlockInfo
 
@@ -257,13 +258,13 @@ class SegmentedEngine:
         return out
 
     # ----- challengers ------------------------------------------------------------------------
-    def _sampler(self, seed: int) -> dict[str, Any]:
+    def _sampler(self, seed: int) -> SamplerSettings:
         model = self.main.settings  # the model's sampler (a confirmed challenger gets it back, _confirm)
         over: dict[str, Any] = {"seed": seed, "ess_target": self._ess_target(model.initial_particles)}
         over["burn_in"] = (
             self.cp.burn_in if self.cp.burn_in is not None else math.ceil(self.cp.burn_in_fraction * model.burn_in)
         )
-        return model.model_copy(update=over).model_dump()
+        return SamplerSettings.model_validate({**model.model_dump(), **over})
 
     def _ess_target(self, particles: int) -> float:
         """A challenger's ESS target with ``particles`` (:func:`workers.changepoint.challenger_ess_target`)."""
@@ -332,7 +333,7 @@ class SegmentedEngine:
         absorbed, the block's rows from ``k`` not yet); ``base``/``bases``: the main population's and the other
         challengers' log Ẑ up to ``start`` (nats), ``base_var``/``base_vars`` their variances (nats²)."""
         seed = cp.challenger_seed(self.seed, start)
-        eng = ModelEngine(self.family.name, self.family.params.model_dump(), self._sampler(seed))
+        eng = ModelEngine(self.family, sampler=self._sampler(seed))
         ctx = self._context_rows(self.context, xb[:k] if xb is not None else None, yb[:k])
         if ctx:  # the conditioned-on values before `start` (autoregressive): no likelihood rows
             cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
@@ -378,7 +379,7 @@ class SegmentedEngine:
             return 0, [0.0] * len(states)
         fam = self.family
         dtype = states[0].theta.dtype  # every population has the model's sampler settings
-        lean = StackedFamily([fam], dtype, states[0].theta.device)  # the sampler's lean evaluation, a stack of one
+        lean = StackedFamily.of(fam, dtype, states[0].theta.device)  # the sampler's lean evaluation, a stack of one
         prefix: list[torch.Tensor] = []
         k = 0
         for j, st in enumerate(states):

@@ -39,6 +39,7 @@ so a model's trace is the same bits alone or in any stack (``tests/workers/test_
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -46,7 +47,7 @@ from typing import Any, NamedTuple
 import torch
 
 from models.base import Family
-from models.stack import StackedFamily
+from models.stack import StackedFamily, stack_key_of
 from workers import conflict, sgais
 from workers.fisher import fisher_diagonal
 from workers.gradients import history_gradient
@@ -100,9 +101,15 @@ Heartbeat = Callable[[], None] | None
 def stack_key(model: Model) -> tuple[Any, ...]:
     """Models with equal keys can share a stack: family shapes, sampler settings that change shapes or
     control flow, dtype and device (:data:`PER_MODEL_SETTINGS` may differ)."""
-    s = model.settings
+    return (stack_key_of(model.family), *_settings_key(model.settings))
+
+
+@functools.lru_cache(maxsize=4096)
+def _settings_key(s: SamplerSettings) -> tuple[Any, ...]:
+    """The part of :func:`stack_key` from the (frozen, hashable) sampler settings, computed once per distinct
+    settings: every round groups its models by it."""
     rest = tuple(sorted((k, v) for k, v in s.model_dump().items() if k not in PER_MODEL_SETTINGS))
-    return (model.family.stack_key(), rest, str(s.torch_dtype), str(s.torch_device))
+    return (rest, str(s.torch_dtype), str(s.torch_device))
 
 
 def init_state(generator: torch.Generator, family: Family, settings: SamplerSettings) -> SGAISState:
@@ -219,7 +226,7 @@ def _before_block(
         # Re-anchor every particle at its current position: one pass over H, amortised O(1)
         # per observation because it happens each time the history grows by anchor_growth.
         hx, hy = history.all_rows()
-        one = StackedFamily([m.family], s.torch_dtype, s.torch_device)
+        one = StackedFamily.of(m.family, s.torch_dtype, s.torch_device)
         g = history_gradient(one, st.theta[None], hx[None] if hx is not None else None, hy[None])[0]
         st = st._replace(anchor=st.theta.clone(), anchor_grad=g * (n_prev / history.size), n_anchor=n_prev)
     burn_in = s.burn_in
@@ -297,14 +304,15 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
     log_w_rows = list(new.log_w.unbind(0))
     sums = summaries(new.log_w, log_w_rows)  # log Ẑ, its open-epoch variance and the ESS, for the whole stack
-    moved = [f for f in sgais.StackState._fields if f != "log_w"]
+    # each field's per-model views in one call (indexing K times costs K Python-level calls per field)
+    moved = {f: getattr(new, f).unbind(0) for f in sgais.StackState._fields if f != "log_w"}
     for k, p in enumerate(group):
         if stats.error[k] is not None:
             out[k] = sgais.NumericalError(stats.error[k])
             continue
         old = p.state
         st = old._replace(
-            **{f: getattr(new, f)[k] for f in moved}, log_w=log_w_rows[k], summary=sums[k], context=p.context,
+            **{f: rows[k] for f, rows in moved.items()}, log_w=log_w_rows[k], summary=sums[k], context=p.context,
             blocks=old.blocks + 1,
         )  # fmt: skip
         if stats.guard_tripped[k] and st.degraded is None:
@@ -527,7 +535,7 @@ def reanneal(m: Model, state: SGAISState, *, heartbeat: Heartbeat = None) -> SGA
     if new.theta.shape[0] != M:  # a replay still in its warm-up population: back to the running size
         new = reduce_particles(m.generator, new, M)
     theta, velocity, log_w = new.theta, new.velocity, new.log_w
-    one = StackedFamily([m.family], m.settings.torch_dtype, m.settings.torch_device)
+    one = StackedFamily.of(m.family, m.settings.torch_dtype, m.settings.torch_device)
     grad = history_gradient(one, theta[None], hx[None] if hx is not None else None, hy[None])[0]
     score = one.grad_log_prior(theta[None])[0] + grad
     return state._replace(

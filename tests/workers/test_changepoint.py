@@ -53,6 +53,18 @@ def test_prune_keeps_young_heavy_and_the_newest():
     assert cp.prune(starts, ages, lbfs, s) == [1, 2]
 
 
+def test_prune_drops_stale_challengers_whose_evidence_still_favours_no_change():
+    s = cp.ChangepointSettings(min_age=10, prune_weight=1e-4, stale_age=100)
+    # all above the weight cut (log B ≥ −2.3 at hazard 1e-3): before stale_age every one stays; from it, those
+    # with log B < 0 go and the one at even odds or better stays
+    starts, lbfs = [10, 20, 40], [-1.5, -0.2, 0.3]
+    assert cp.prune(starts, [99, 99, 99], lbfs, s) == [0, 1, 2]
+    assert cp.prune(starts, [100, 100, 100], lbfs, s) == [2]
+    assert cp.prune(starts, [100, 100, 100], lbfs, s, keep=0) == [0, 2]
+    never = s.model_copy(update={"stale_age": None})
+    assert cp.prune(starts, [10_000] * 3, lbfs, never) == [0, 1, 2]
+
+
 def test_seeds_and_grid_are_deterministic():
     assert cp.challenger_seed(3, 100) == cp.challenger_seed(3, 100) != cp.challenger_seed(3, 101)
     assert cp.challenger_seed(3, 100) != cp.challenger_seed(4, 100)

@@ -21,11 +21,14 @@ class StreamPosteriors:
 
     def __init__(self, scripts: Scripts):
         self.scripts = scripts
-        self._configs: dict[tuple[str, str, str], dict[str, Any]] = {}  # (tenant, stream, model) -> config
+        # (tenant, stream) -> model -> config: a stream's models found without scanning every stream's (a
+        # commit asks for them, so a scan made a round of K models on one stream cost O(K²))
+        self._configs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
     def known(self, h: Held) -> list[str]:
         """Models of ``h``'s stream whose config is cached (the scripts skip reading their configs)."""
-        return sorted({m for (t, s, m) in self._configs if (t, s) == (h.tenant, h.stream)} | {h.name})
+        cached = self._configs.get((h.tenant, h.stream), {})
+        return sorted(cached) if h.name in cached else sorted([*cached, h.name])
 
     def state(self, h: Held) -> StreamState | None:
         """The stream's state when its common count differs from the leader record's (else None)."""
@@ -68,13 +71,14 @@ class StreamPosteriors:
         t, count = h.tenant, state.count
         r, keys = self.scripts.r, self.scripts.keys
         names = {m for m, *_ in state.models}
-        for key in [key for key in self._configs if key[:2] == (t, h.stream) and key[2] not in names]:
-            del self._configs[key]
+        cached = self._configs.setdefault((t, h.stream), {})
+        for m in [m for m in cached if m not in names]:
+            del cached[m]
         states, rows_n = {}, {}
         for m, obs, status, raw_row, cfg in state.models:
             if cfg:
-                self._configs[(t, h.stream, m)] = json.loads(cfg)
-            conf = h.cfg if m == h.name else self._configs[(t, h.stream, m)]
+                cached[m] = json.loads(cfg)
+            conf = h.cfg if m == h.name else cached[m]
             states[m] = records.model_state(conf, obs, status, None)
             rows_n[m] = records.trace_row_at([raw_row], count) if raw_row else None
         for row in rows:
