@@ -184,10 +184,6 @@ class ModelEngine:
             hist = {k: v for k, v in hist.items() if k == "history.generator"}
         tensors.update(hist)
         header = {
-            "version": CHECKPOINT_VERSION,
-            "family": self.family.name,
-            "params": self.family.params.model_dump(),
-            "sampler": self.settings.model_dump(),
             "observations": self.observations,
             "n_anchor": s.n_anchor,
             "n_reanneal": s.n_reanneal,
@@ -200,7 +196,23 @@ class ModelEngine:
         }
         # safetensors' numpy writer gives the same bytes as its torch writer, 3x faster on these small tensors
         arrays = {k: v.detach().contiguous().cpu().numpy() for k, v in tensors.items()}
-        return st_save_numpy(arrays, metadata={"sgais": json.dumps(header)})
+        return st_save_numpy(arrays, metadata={"sgais": self._header_prefix() + json.dumps(header)[1:]})
+
+    def _header_prefix(self) -> str:
+        """The checkpoint header's first members (version, family, params, sampler) as JSON text up to the next
+        member: the same text ``json.dumps`` gives inside the whole header, encoded once per family and settings
+        (the settings object is replaced, never changed: it is frozen)."""
+        key = (self.family, self.settings)
+        cached = self.__dict__.get("_prefix")
+        if cached is None or cached[0][0] is not key[0] or cached[0][1] is not key[1]:
+            head = {
+                "version": CHECKPOINT_VERSION,
+                "family": self.family.name,
+                "params": self.family.params.model_dump(),
+                "sampler": self.settings.model_dump(),
+            }
+            cached = self.__dict__["_prefix"] = (key, json.dumps(head)[:-1] + ", ")
+        return cached[1]
 
     @classmethod
     def from_bytes(cls, data: bytes, *, history_blocks: Iterable[tuple[Any, Any]] | None = None) -> ModelEngine:

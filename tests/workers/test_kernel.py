@@ -458,3 +458,20 @@ def test_quadratic_families_have_the_exact_fisher_diagonal_and_gradient_statisti
     )
     A0, c0 = stack.prior_statistics()
     torch.testing.assert_close(c0[:, None, :] - theta @ A0, stack.grad_log_prior(theta), rtol=1e-12, atol=1e-12)
+
+
+def test_checkpoint_header_follows_a_replaced_sampler() -> None:
+    """The header's encoded prefix (version, family, params, sampler) is cached per family and settings
+    object; a challenger's retargeted or restored sampler (a new frozen object) shows in the next checkpoint."""
+    import json
+
+    from workers.engine import _metadata
+
+    eng = ModelEngine("gmm", {"dim": 1, "components": 1}, {"seed": 3})
+    eng.update(None, [0.1, -0.2, 0.4])
+    header = json.loads(_metadata(eng.to_bytes())["sgais"])
+    assert header["sampler"] == eng.settings.model_dump() and header["observations"] == 3
+    eng.settings = eng.settings.model_copy(update={"ess_target": 0.5})
+    header = json.loads(_metadata(eng.to_bytes())["sgais"])
+    assert header["sampler"]["ess_target"] == 0.5
+    assert ModelEngine.from_bytes(eng.to_bytes()).settings == eng.settings
