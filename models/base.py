@@ -226,12 +226,17 @@ def _exp(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return u.exp(), u
 
 
+def stick_breaking_offsets(u: torch.Tensor) -> torch.Tensor:
+    """The offsets ``C−1−i: [C−1]`` of ``torch.distributions.StickBreakingTransform`` for its coordinates
+    ``u: [..., C−1]`` (``z_i = σ(u_i − log offset_i)``), computed as torch computes them."""
+    return u.shape[-1] + 1 - u.new_ones(u.shape[-1]).cumsum(-1)
+
+
 def _stick_breaking(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.distributions.StickBreakingTransform`` of ``u: [..., C−1]`` and its log-|J| ``[...]``, the same
     arithmetic as torch 2.x's ``_call`` and ``log_abs_det_jacobian`` (so the same bits), without the
     ``Transform`` machinery (measured: half the cost of :meth:`ParameterSpace.constrain` for a gmm)."""
-    offset = u.shape[-1] + 1 - u.new_ones(u.shape[-1]).cumsum(-1)
-    x = u - offset.log()
+    x = u - stick_breaking_offsets(u).log()
     finfo = torch.finfo(u.dtype)
     z = torch.clamp(torch.sigmoid(x), min=finfo.tiny, max=1.0 - finfo.eps)
     y = F.pad(z, [0, 1], value=1) * F.pad((1 - z).cumprod(-1), [1, 0], value=1)

@@ -23,6 +23,7 @@ from models.base import (
     as_matrix,
     check_nonempty_and_aligned,
     require_no_x,
+    stick_breaking_offsets,
 )
 from models.densities import LOG_2PI
 
@@ -147,16 +148,10 @@ class GaussianMixture(Family):
         return x, mu, u
 
     @staticmethod
-    def _offset(x: torch.Tensor) -> torch.Tensor:
-        """The stick-breaking transform's offsets ``C−1−i`` for its coordinates ``x: [..., C−1]`` (``[C−1]``):
-        ``z_i = σ(x_i − log offset_i)`` (torch's ``StickBreakingTransform``)."""
-        return torch.arange(x.shape[-1], 0, -1, dtype=x.dtype, device=x.device)
-
-    @staticmethod
     def _log_weights(x: torch.Tensor) -> torch.Tensor:
         """``log β: [..., C]`` of the stick-breaking coordinates ``x: [..., C−1]`` (the transform's weights, in
         log space: ``log β_i = log z_i + Σ_{j<i} log(1 − z_j)``)."""
-        xp = x - GaussianMixture._offset(x).log()
+        xp = x - stick_breaking_offsets(x).log()
         log_z, log_rest = torch.nn.functional.logsigmoid(xp), torch.nn.functional.logsigmoid(-xp)
         pad = torch.nn.functional.pad
         return pad(log_z, [0, 1], value=0.0) + pad(log_rest.cumsum(-1), [1, 0], value=0.0)
@@ -171,7 +166,7 @@ class GaussianMixture(Family):
         ``∂f/∂x_i = n_i − z_i Σ_{c≥i} n_c``.  Exact where the transform's sigmoid is not clipped.
         """
         C1 = x.shape[-1]
-        z = torch.sigmoid(x - GaussianMixture._offset(x).log())
+        z = torch.sigmoid(x - stick_breaking_offsets(x).log())
         tail = n.flip(-1).cumsum(-1).flip(-1)[..., :C1]  # Σ_{c≥i} n_c
         return n[..., :C1] - z * tail
 
@@ -228,7 +223,7 @@ class GaussianMixture(Family):
         parts = [g_mu.reshape(*lead, -1), g_u.reshape(*lead, -1)]
         if C > 1:  # n_c = α − 1 + [c < C−1] in _stick_breaking_gradient, plus −z_i: α (1 − (C − i) z_i)
             alpha = hp["dirichlet_alpha"][..., None]  # [K, 1, 1]
-            offset = self._offset(xs)
+            offset = stick_breaking_offsets(xs)
             z = torch.sigmoid(xs - offset.log())
             parts.insert(0, alpha * (1.0 - (offset + 1.0) * z))
         return torch.cat(parts, dim=-1)

@@ -302,17 +302,16 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     out: list[BlockInfo | sgais.NumericalError | None] = [None] * len(group)
     # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
-    log_w_rows = list(new.log_w.unbind(0))
-    sums = summaries(new.log_w, log_w_rows)  # log Ẑ, its open-epoch variance and the ESS, for the whole stack
     # each field's per-model views in one call (indexing K times costs K Python-level calls per field)
-    moved = {f: getattr(new, f).unbind(0) for f in sgais.StackState._fields if f != "log_w"}
+    rows = {f: getattr(new, f).unbind(0) for f in sgais.StackState._fields}
+    sums = summaries(new.log_w, rows["log_w"])  # log Ẑ, its open-epoch variance and the ESS, for the whole stack
     for k, p in enumerate(group):
         if stats.error[k] is not None:
             out[k] = sgais.NumericalError(stats.error[k])
             continue
         old = p.state
         st = old._replace(
-            **{f: rows[k] for f, rows in moved.items()}, log_w=log_w_rows[k], summary=sums[k], context=p.context,
+            **{f: views[k] for f, views in rows.items()}, summary=sums[k], context=p.context,
             blocks=old.blocks + 1,
         )  # fmt: skip
         if stats.guard_tripped[k] and st.degraded is None:
