@@ -36,8 +36,8 @@ error grows as the absolute ESS target shrinks (the χ² divergence of a step's 
 
 Stale challengers.  On a stationary stream the Bayes factor of a change early in the segment does not
 decay: with ``t − s`` small the first segment's evidence costs little to learn twice, and ``log B_t``
-settles near a constant below 0 (measured −0.4 to −2.2 nats for a one-component gmm started 10–43
-observations into 1,000, three seeds), above the weight cut ``log(prune_weight) − log ρ`` ≈ −2.3 nats at the
+settles near a constant around or below 0 (measured −2.27 to +0.25 nats for a one-component gmm started
+10–53 observations into 1,000, three seeds), above the weight cut ``log(prune_weight) − log ρ`` ≈ −2.3 nats at the
 defaults, so such a challenger was never dropped: one to three per model, on every stationary stream, each
 as costly as the model itself.  A change whose evidence is still below even odds (``log B_t < 0``) after
 ``stale_age`` observations of its new segment would take several times that to reach the confirmation level
