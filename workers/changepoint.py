@@ -34,14 +34,14 @@ error grows as the absolute ESS target shrinks (the χ² divergence of a step's 
 ≈ 1/ESS − 1/M): with 10 particles 0.5 doubles the rms error (0.8–1.5 → 1.6–4.1 nats,
 ``--base cheap``), so the target is never below ``ess_min_particles`` particles.
 
-Stale challengers.  On a stationary stream the Bayes factor of a change early in the segment does not
-decay: with ``t − s`` small the first segment's evidence costs little to learn twice, and ``log B_t``
-settles near a constant around or below 0 (measured −2.27 to +0.25 nats for a one-component gmm started
-10–53 observations into 1,000, three seeds), above the weight cut ``log(prune_weight) − log ρ`` ≈ −2.3 nats at the
-defaults, so such a challenger was never dropped: one to three per model, on every stationary stream, each
-as costly as the model itself.  A change whose evidence is still below even odds (``log B_t < 0``) after
-``stale_age`` observations of its new segment would take several times that to reach the confirmation level
-≈ 6.9 nats (``log B_t`` grows at the Kullback–Leibler rate per observation, less the second segment's
+Stale challengers. On a stationary stream the Bayes factor of a change early in the segment does not decay: with
+``t − s`` small the first segment's evidence costs little to learn twice, and ``log B_t`` settles near a constant
+around or below 0 (−2.30 to +0.44 nats once 100 observations old, one-component gmm, 1,000 observations, three
+seeds: ``python bench/challenger_lifetime.py``), at or above the weight cut ``log(prune_weight) − log ρ`` ≈ −2.3
+nats at the defaults, so such a challenger was hardly ever dropped: 2.1 alive per model on average there (0.6 with
+``stale_age``), each as costly as the model itself. A change whose evidence is still below even odds (``log B_t <
+0``) after ``stale_age`` observations of its new segment would take several times that to reach the confirmation
+level ≈ 6.9 nats (``log B_t`` grows at the Kullback–Leibler rate per observation, less the second segment's
 learning cost), and the later grid starts still cover it: such a challenger is dropped.
 
 False alarms.  Under H₀ each ``B_t`` (exact evidences) is a non-negative martingale with mean 1
