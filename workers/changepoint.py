@@ -39,10 +39,10 @@ Stale challengers. On a stationary stream the Bayes factor of a change early in 
 around or below 0 (−2.30 to +0.44 nats once 100 observations old, one-component gmm, 1,000 observations, three
 seeds: ``python bench/challenger_lifetime.py``), at or above the weight cut ``log(prune_weight) − log ρ`` ≈ −2.3
 nats at the defaults, so such a challenger was hardly ever dropped: 2.1 alive per model on average there (0.6 with
-``stale_age``), each as costly as the model itself. A change whose evidence is still below even odds (``log B_t <
-0``) after ``stale_age`` observations of its new segment would take several times that to reach the confirmation
-level ≈ 6.9 nats (``log B_t`` grows at the Kullback–Leibler rate per observation, less the second segment's
-learning cost), and the later grid starts still cover it: such a challenger is dropped.
+``stale_age``), each as costly as the model itself. A change whose evidence is still below even odds
+(``log B_t < 0``) after ``stale_age`` observations of its new segment would take several times that to reach
+the confirmation level ≈ 6.9 nats (``log B_t`` grows at the Kullback–Leibler rate per observation, less the
+second segment's learning cost), and the later grid starts still cover it: such a challenger is dropped.
 
 False alarms.  Under H₀ each ``B_t`` (exact evidences) is a non-negative martingale with mean 1
 from its start, so by Ville's inequality P(sup_n ρ B_t ≥ c/(1 − c)) ≤ ρ (1 − c)/c: the expected
