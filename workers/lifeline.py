@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 log = logging.getLogger("sgais.worker")
 
@@ -53,9 +54,10 @@ def watch_parent(
     set_parent_death_signal(signal.SIGTERM)
 
     def watch() -> None:
+        # keeps watching after a stop for another reason: the parent-death SIGTERM sets ``stop`` first, and a
+        # graceful stop that then hangs must still end in the hard exit below
         while os.getppid() == parent:
-            if stop.wait(poll_seconds):
-                return  # stopping anyway
+            time.sleep(poll_seconds)
         log.warning("worker: supervisor %d is gone; stopping", parent)
         stop.set()
         hard = threading.Timer(grace_seconds, lambda: os._exit(1))
