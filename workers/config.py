@@ -46,6 +46,14 @@ class Settings(BaseSettings):
         ),
     )
     read_batch: int = Field(64, ge=1, description="worker: stream entries read per XRANGE")
+    checkpoint_every: int = Field(
+        16,
+        ge=1,
+        description=(
+            "worker: with a backlog, a model's particle state is stored with the last chunk of each batch and at "
+            "least every this many chunks (the others commit everything but the state; a restore re-absorbs them)"
+        ),
+    )
     device: Literal["cpu", "cuda", "auto"] = Field(
         "cpu", description="default sampler.device for models that do not set one"
     )

@@ -261,6 +261,8 @@ def set_status(
                 fields.update(chunks="0", observations="0", log_evidence="0.0", cursor="0-0")
             pipe.hset(ckpt, mapping=fields)
             if stream is not None:
+                if status == "error":  # out of the stream's common count (lua/commit.lua)
+                    pipe.zadd(keys.stream_obs(tenant, stream), {model: "+inf"})
                 event = {"type": "error", "model": model, "stream": stream, "status": status, "error": message}
                 pipe.publish(keys.events(tenant, stream), json.dumps(event))
             pipe.delete(lease)

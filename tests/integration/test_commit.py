@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from tests.conftest import SMALL_MODEL
-from tests.integration.helpers import api_with_models, linear_chunks, run_until_idle
+from tests.integration.helpers import api_with_models, linear_chunks, run_until_idle, strip
 from workers.engine import SINGLE_OBSERVATION_BLOCKS
 from workers.store.commit import Scripts
 from workers.store.keys import Keys
@@ -147,3 +147,93 @@ def test_commit_script_stores_a_chunk_of_many_blocks(settings, r):
     )
     assert r.zcard(keys.trace("default", "m")) == n
     assert int(r.hget(keys.block_seconds, "count")) == n
+
+
+def _shifted_chunks(n: int) -> list[dict]:
+    """``n`` chunks of 5 values of N(0, 1), then N(4, 1) from value 20 on: a change the challengers confirm."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    y = torch.randn(5 * n, generator=g, dtype=torch.float64)
+    y[20:] += 4.0
+    return [{"seq": i + 1, "y": y[5 * i : 5 * i + 5].tolist()} for i in range(n)]
+
+
+GMM = {"family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"particles": 10, "burn_in": 3, "seed": 5}}
+
+
+def test_a_restore_re_absorbs_the_chunks_committed_without_their_state(settings, r):
+    """A backlog defers a model's state blob (``checkpoint_every``, Worker.commit_call): chunks are committed
+    with everything but the particle state.  A worker that dies then leaves a checkpoint whose state is behind
+    its cursor; the next holder re-absorbs those chunks from the stream log (restore.catch_up) and ends with the
+    same state bits, trace and alerts as a worker that never stopped, the change point included."""
+    chunks = _shifted_chunks(12)
+
+    def run(stream: str, stop_after: int | None, **overrides) -> dict:
+        # each run under its own prefix: the first run's dead worker and its model must not count in the
+        # second run's fair share (a worker at its share of one leased the other run's model instead)
+        s = settings.model_copy(update={"key_prefix": f"{settings.key_prefix}:{stream}", **overrides})
+        keys = Keys(s.key_prefix)
+        with api_with_models(s, {stream: GMM}, stream=stream) as c:
+            for body in chunks:
+                assert c.post(f"/v1/streams/{stream}/chunks", json=body).status_code == 202
+            first = Worker(s)
+            if stop_after is not None:  # the worker stops between rounds after `stop_after` chunks, as if killed
+                committed = first.committed
+
+                def counting(h, *args, **kw):
+                    committed(h, *args, **kw)
+                    if h.chunks >= stop_after:
+                        first.stop.set()
+
+                first.committed = counting  # type: ignore[method-assign]
+            run_until_idle(first)
+            ckpt = r.hgetall(keys.checkpoint("default", stream))
+            first.leases.clear()  # died: nothing flushed, its leases left to expire
+            r.delete(keys.lease("default", stream))
+            second = Worker(s)
+            run_until_idle(second)
+            second.shutdown()
+            final = r.hgetall(keys.checkpoint("default", stream))
+            trace = c.get(f"/v1/models/{stream}/trace", params={"limit": 1000}).json()["items"]
+            alerts = c.get("/v1/alerts", params={"model": stream}).json()["items"]
+        return {"mid": ckpt, "final": final, "trace": trace, "alerts": alerts}
+
+    deferred = run("a", stop_after=7, checkpoint_every=16)
+    mid = deferred["mid"]
+    assert int(mid[b"chunks"]) == 7 and mid[b"state_cursor"] != mid[b"cursor"]  # the state stayed behind
+    reference = run("b", stop_after=None, checkpoint_every=1)
+    assert reference["mid"][b"state_cursor"] == reference["mid"][b"cursor"]
+    for field in (b"state", b"changepoint", b"chunks", b"observations", b"log_evidence", b"detector"):
+        assert deferred["final"][field] == reference["final"][field], field
+    assert strip(deferred["trace"]) == strip(reference["trace"])
+    assert len(deferred["trace"]) == len({row["first_index"] for row in deferred["trace"]})  # none twice
+    kinds = [(a["kind"], a["observation_index"]) for a in deferred["alerts"]]
+    assert kinds == [(a["kind"], a["observation_index"]) for a in reference["alerts"]]
+    assert ("change_point", 20) in kinds  # the change was confirmed, once, in the re-absorbed or later chunks
+
+
+def test_the_stream_observation_set_follows_commits_errors_and_deletes(api, settings, r):
+    """``P:T:stream:s:obs`` (model -> committed observations, +inf in error) is what a commit reads instead of
+    every model's checkpoint when nothing moved (lua/commit.lua): it must follow every commit, error and delete,
+    or the stream posterior would stop at a stale count."""
+    k = Keys(settings.key_prefix)
+    obs_key = k.stream_obs("default", "s")
+    assert r.zrange(obs_key, 0, -1, withscores=True) == [(b"a", 0.0), (b"b", 0.0)]  # created
+    for c in linear_chunks(2, 300, seed=8):
+        assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
+    worker = Worker(settings)
+    run_until_idle(worker)
+    assert r.zrange(obs_key, 0, -1, withscores=True) == [(b"a", 600.0), (b"b", 600.0)]
+    worker.record_error(worker.held["default/b"], RuntimeError("poisoned"))
+    assert r.zscore(obs_key, "b") == float("inf")
+    for c in linear_chunks(3, 300, seed=9)[2:]:
+        assert api.post("/v1/streams/s/chunks", json={**c, "seq": 3}).status_code == 202
+    run_until_idle(worker)
+    # b is out of the common count: a's commit moved it to 900 (the posterior follows a alone)
+    assert json.loads(r.get(k.leader("default", "s")))["observations"] == 900
+    assert api.get("/v1/streams/s/posterior").json()["observations"] == 900
+    assert api.delete("/v1/models/b").status_code == 204
+    assert r.zrange(obs_key, 0, -1, withscores=True) == [(b"a", 900.0)]
+    assert api.delete("/v1/streams/s").status_code == 204
+    assert not r.exists(obs_key)

@@ -355,6 +355,7 @@ def test_delete_stream(settings):
             f"{p}:alpha:models",
             f"{p}:alpha:stream:t:meta",
             f"{p}:alpha:stream:t:models",
+            f"{p}:alpha:stream:t:obs",
         ]
         assert [json.loads(a)["stream"] for a in r.zrange(f"{p}:alpha:alerts", 0, -1)] == ["t"]
         assert sorted(r.smembers(f"{p}:models")) == [b"alpha/other", b"beta/m1", b"beta/m2", b"beta/other"]

@@ -103,9 +103,9 @@ class Scripts:
         """Delete the lease if it still holds ``token`` (``lua/release.lua``)."""
         self._release(keys=[self.keys.lease(tenant, model)], args=[token])
 
-    def _query(self, tenant: str, known: list[str]) -> list[Any]:
+    def _query(self, tenant: str, known: str) -> list[Any]:
         k = self.keys
-        return [k.model(tenant, ""), k.checkpoint(tenant, ""), k.trace(tenant, ""), len(known), *known]
+        return [k.model(tenant, ""), k.checkpoint(tenant, ""), k.trace(tenant, ""), known]
 
     def commit(self, **call: Any) -> StreamState | None:
         """Run ``lua/commit.lua`` for one model (the arguments of :meth:`commit_many`'s calls).
@@ -129,8 +129,8 @@ class Scripts:
         ``rows`` (scored by ``first_index``, each counted in the block-latency histogram by its ``seconds``),
         ``events`` as ``(chunks processed, evidence event members)``
         (:func:`workers.store.records.evidence_event_members`), ``alerts`` (full records), ``observations``
-        and ``known`` (the models of the stream whose config the caller has; None = no stream query): with
-        it the stream's state is read as of that commit, the model at ``observations``.
+        and ``known`` (the models of the stream whose config the caller has, comma-separated; None = no stream
+        query): with it the stream's state is read as of that commit, the model at ``observations``.
 
         Returns, per call in order: the stream's state when its common count moved, None when it did not,
         or the exception of that call (:class:`LeaseLost`: nothing of it was written; a Redis error of its
@@ -171,7 +171,7 @@ class Scripts:
         events: list[tuple[int, list[str]]],
         alerts: list[dict],
         observations: int,
-        known: list[str] | None,
+        known: str | None,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of ``lua/commit.lua`` (layout in the file)."""
         k, t = self.keys, tenant
@@ -203,10 +203,11 @@ class Scripts:
             k.meta(t, stream),
             k.stream_models(t, stream),
             k.leader(t, stream),
+            k.stream_obs(t, stream),
         ]
         return keys, args
 
-    def stream_state(self, *, tenant: str, stream: str, known: list[str]) -> StreamState | None:
+    def stream_state(self, *, tenant: str, stream: str, known: str) -> StreamState | None:
         """Run ``lua/stream.lua``: the stream's state when its common count differs from the leader
         record's, else None.  Writes nothing."""
         k = self.keys

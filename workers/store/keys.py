@@ -96,6 +96,11 @@ class Keys:
     def stream_models(self, tenant: str, stream: str) -> str:
         return f"{self.prefix}:{tenant}:stream:{stream}:models"
 
+    def stream_obs(self, tenant: str, stream: str) -> str:
+        """Sorted set: the stream's models scored by their committed observations (+inf once in ``error``),
+        so a commit finds the stream's common count without reading every model (``lua/commit.lua``)."""
+        return f"{self.prefix}:{tenant}:stream:{stream}:obs"
+
     def leader(self, tenant: str, stream: str) -> str:
         return f"{self.prefix}:{tenant}:stream:{stream}:leader"
 

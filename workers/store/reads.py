@@ -217,6 +217,7 @@ async def create_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
                 pipe.set(mkey, json.dumps(cfg))
                 pipe.sadd(keys.tenant_models(tenant), name)
                 pipe.sadd(keys.stream_models(tenant, stream), name)
+                pipe.zadd(keys.stream_obs(tenant, stream), {name: 0})
                 if existing is None:
                     pipe.hset(
                         meta,
@@ -251,6 +252,7 @@ async def delete_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
     )
     pipe.srem(keys.tenant_models(tenant), name)
     pipe.srem(keys.stream_models(tenant, cfg["stream"]), name)
+    pipe.zrem(keys.stream_obs(tenant, cfg["stream"]), name)
     if mine:
         pipe.zrem(keys.alerts(tenant), *mine)
     await pipe.execute()

@@ -10,7 +10,8 @@ from typing import Any
 
 from workers.store.keys import Keys
 
-# KEYS: stream models, meta, log, seqs, leader, tenant alerts, P:models, tenant models.
+# KEYS: stream models, meta, log, seqs, leader, tenant alerts, P:models, tenant models, stream observations
+# (sorted set).
 # ARGV: prefixes of model configs, checkpoints, traces, leases; tenant; stream; prefix of attempt records.
 # Returns -1 when the stream does not exist, else the number of models removed.
 # Deleting a model's lease fences the worker holding it: its next renewal or commit finds another
@@ -28,7 +29,7 @@ for _, a in ipairs(alerts) do
   local ok, dec = pcall(cjson.decode, a)
   if ok and type(dec) == 'table' and dec['stream'] == ARGV[6] then redis.call('ZREM', KEYS[6], a) end
 end
-redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[9])
 return #names
 """
 
@@ -67,7 +68,7 @@ async def delete_stream(r: Any, keys: Keys, tenant: str, stream: str) -> int | N
     """
     n = await r.eval(
         DELETE_STREAM_LUA,
-        8,
+        9,
         keys.stream_models(tenant, stream),
         keys.meta(tenant, stream),
         keys.log(tenant, stream),
@@ -76,6 +77,7 @@ async def delete_stream(r: Any, keys: Keys, tenant: str, stream: str) -> int | N
         keys.alerts(tenant),
         keys.models,
         keys.tenant_models(tenant),
+        keys.stream_obs(tenant, stream),
         keys.model(tenant, ""),
         keys.checkpoint(tenant, ""),
         keys.trace(tenant, ""),

@@ -45,6 +45,7 @@ class Held:
     engine: ModelEngine | SegmentedEngine | None = None  # SegmentedEngine: main engine + challengers (issue 12)
     cursor: bytes = b"0-0"  # id of the last applied stream-log entry
     chunks: int = 0
+    unsaved: int = 0  # chunks committed since the checkpoint's state blob was stored (Worker.commit_call)
     detector: dict[str, Any] = field(default_factory=dict)
     lost: bool = False  # set by the heartbeat when a renewal found the lease gone
     # quarantine (workers/quarantine.py): the attempt being made and the block budget

@@ -19,6 +19,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,7 +259,10 @@ class Worker(quarantine.QuarantineHooks):
             if not batch:
                 break
             self.beat_if_due()
-            done = set(self.absorb_round(batch))
+            # a model with more of its entries read in this batch commits this chunk without its state blob
+            # (stored with a later chunk, at least every checkpoint_every: see commit_call)
+            defer = {h.ref for h, _ in batch if r + 1 < len(pending[h.ref])}
+            done = set(self.absorb_round(batch, defer))
             active = [h for h in active if h.ref in done]
             r += 1
         if self.stop.is_set():  # stopped between rounds: the attempts not used up are given back
@@ -285,11 +289,14 @@ class Worker(quarantine.QuarantineHooks):
             raise err
         self.leases.drop(h.ref)
 
-    def absorb_round(self, batch: list[tuple[Held, tuple[bytes, dict[bytes, bytes]]]]) -> list[str]:
+    def absorb_round(
+        self, batch: list[tuple[Held, tuple[bytes, dict[bytes, bytes]]]], defer: Collection[str] = ()
+    ) -> list[str]:
         """One chunk per model (``(held, (entry_id, fields))``): the chunks' blocks absorbed in stacked
         updates (block ``j`` of every model in one :func:`~workers.segmented.advance_blocks` call: all main
         populations and challengers, grouped by stack key inside), alerts detected, then ONE fenced commit
-        per model.  Returns the refs of the models that committed (the others failed and were handled).
+        per model.  ``defer``: refs of models whose state blob may be left to a later chunk (:meth:`commit_call`).
+        Returns the refs of the models that committed (the others failed and were handled).
 
         A model's failure (its NumericalError, an exception of its own) fails that model only.  An exception
         of the stacked call itself (e.g. a block budget overrun, a MemoryError) cannot be attributed: the
@@ -334,7 +341,7 @@ class Worker(quarantine.QuarantineHooks):
                         bud.stop()
                     log.warning("worker %s: a stacked update of %d models failed (%s); one at a time",
                                 self.id, len(group), err)  # fmt: skip
-                    return self.absorb_alone(group) + self.finish_all([c for c in alive if c not in group])
+                    return self.absorb_alone(group) + self.finish_all([c for c in alive if c not in group], defer)
             finally:
                 for bud in budgets:
                     bud.stop()
@@ -351,11 +358,12 @@ class Worker(quarantine.QuarantineHooks):
                 c.blocks.append(Block(res, row))
             alive = [c for c in alive if not c.failed]
             j += 1
-        return self.finish_all(alive)
+        return self.finish_all(alive, defer)
 
     def absorb_alone(self, group: list[_Chunk]) -> list[str]:
-        """The fallback of :meth:`absorb_round`: each model restored from its checkpoint (which is at the entry
-        before its chunk: the chunks before were committed), then its chunk absorbed alone."""
+        """The fallback of :meth:`absorb_round`: each model restored from its checkpoint (at the entry before its
+        chunk: the chunks before were committed, any whose state was deferred re-absorbed by the restore), then
+        its chunk absorbed alone."""
         done = []
         for c in group:
             h, cursor = c.h, c.h.cursor
@@ -371,7 +379,7 @@ class Worker(quarantine.QuarantineHooks):
                 done += self.absorb_round([(h, (c.entry_id, c.fields))])
         return done
 
-    def finish_all(self, chunks: list[_Chunk]) -> list[str]:
+    def finish_all(self, chunks: list[_Chunk], defer: Collection[str] = ()) -> list[str]:
         """Alerts and the fenced commits of a round's absorbed chunks: every commit script of the round in ONE
         pipelined round trip (:meth:`Scripts.commit_many`: each script fenced by its own model's lease token,
         run by Redis in order and atomically), then the stream posterior at each count a stream moved to, once,
@@ -385,7 +393,8 @@ class Worker(quarantine.QuarantineHooks):
                 if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
                     found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
                 rows = [b.row for b in c.blocks]
-                staged.append((c, rows, found, self.commit_call(h, c.entry_id, c.seq, rows, found)))
+                call = self.commit_call(h, c.entry_id, c.seq, rows, found, with_state=self.state_due(h, defer))
+                staged.append((c, rows, found, call))
             except Exception as err:
                 self.failed(h, err)
         if not staged:
@@ -406,14 +415,14 @@ class Worker(quarantine.QuarantineHooks):
                 update_at[(c.h.tenant, c.h.stream, reply.count)] = i
         updates = set(update_at.values())
         done = []
-        for i, ((c, rows, found, _), reply) in enumerate(zip(staged, replies, strict=True)):
+        for i, ((c, rows, found, call), reply) in enumerate(zip(staged, replies, strict=True)):
             try:
                 if isinstance(reply, LeaseLost):
                     raise LeaseLost(c.h.name, blocks=len(rows)) from reply
                 if isinstance(reply, Exception):
                     raise reply
                 state = reply if i in updates else None
-                self.committed(c.h, c.entry_id, c.seq, rows, found, state)
+                self.committed(c.h, c.entry_id, c.seq, rows, found, state, with_state="state" in call["checkpoint"])
             except Exception as err:
                 self.failed(c.h, err)
                 continue
@@ -440,14 +449,28 @@ class Worker(quarantine.QuarantineHooks):
             state = self.scripts.commit(**self.commit_call(h, cursor, seq, rows, found))
         except LeaseLost as err:
             raise LeaseLost(h.name, blocks=len(rows)) from err
-        self.committed(h, cursor, seq, rows, found, state)
+        self.committed(h, cursor, seq, rows, found, state, with_state=True)
 
-    def commit_call(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> dict[str, Any]:
-        """The arguments of :meth:`Scripts.commit` for ``h``'s chunk ``seq`` ending at entry ``cursor``."""
+    def state_due(self, h: Held, defer: Collection[str]) -> bool:
+        """Whether ``h``'s next commit stores its state blob: unless the batch holds more of its chunks
+        (``defer``), and at least every ``checkpoint_every`` chunks."""
+        return h.ref not in defer or h.unsaved + 1 >= self.s.checkpoint_every
+
+    def commit_call(
+        self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict], *, with_state: bool = True
+    ) -> dict[str, Any]:
+        """The arguments of :meth:`Scripts.commit` for ``h``'s chunk ``seq`` ending at entry ``cursor``.
+
+        Without ``with_state`` the checkpoint's engine state (``state``, ``changepoint``: the particle
+        populations: most of a small model's commit work) is left as stored, at ``state_cursor``, and everything
+        else moves to ``cursor`` as always: the chunk is committed exactly once (its rows, events, alerts,
+        detector, counters), and a restore re-absorbs the chunks after ``state_cursor`` from the stream log,
+        bit for bit (:func:`workers.worker.restore.restore`).  The worker stores the state with the last chunk
+        of each model's batch, so only a backlog defers it (by fewer than ``checkpoint_every`` chunks).
+        """
         eng = h.engine
         assert eng is not None
-        ckpt = {
-            "state": eng.to_bytes(include_history=False),
+        ckpt: dict[str, Any] = {
             "cursor": cursor,
             "chunks": seq,
             "observations": eng.observations,
@@ -459,8 +482,11 @@ class Worker(quarantine.QuarantineHooks):
             "status": "degraded" if getattr(eng, "degraded", None) else "ok",
             "error": getattr(eng, "degraded", None) or "",
         }
-        if isinstance(eng, SegmentedEngine):  # challengers and segment bookkeeping (issue 12)
-            ckpt["changepoint"] = eng.changepoint_bytes()
+        if with_state:
+            ckpt["state"] = eng.to_bytes(include_history=False)
+            ckpt["state_cursor"] = cursor
+            if isinstance(eng, SegmentedEngine):  # challengers and segment bookkeeping (issue 12)
+                ckpt["changepoint"] = eng.changepoint_bytes()
         # the evidence event after each block: the chunk counts as processed with its last block
         events = []
         for i, row in enumerate(rows):
@@ -481,10 +507,19 @@ class Worker(quarantine.QuarantineHooks):
         }
 
     def committed(
-        self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict], state: StreamState | None
+        self,
+        h: Held,
+        cursor: bytes,
+        seq: int,
+        rows: list[dict],
+        found: list[dict],
+        state: StreamState | None,
+        *,
+        with_state: bool,
     ) -> None:
         """After ``h``'s commit: its cursor, the alert counters, the stream posterior when the count moved."""
         h.cursor, h.chunks = cursor, seq
+        h.unsaved = 0 if with_state else h.unsaved + 1
         for a in found:
             ALERTS.labels(a["kind"]).inc()
         self.update_stream_posterior(h, state, rows)
@@ -510,6 +545,7 @@ class Worker(quarantine.QuarantineHooks):
                     fields.update(chunks=0, observations=0, log_evidence="0.0", cursor="0-0")
                 pipe.hset(k.checkpoint(t, h.name), mapping=fields)
                 if h.cfg:
+                    pipe.zadd(k.stream_obs(t, h.stream), {h.name: "+inf"})  # out of the common count
                     pipe.publish(
                         k.events(t, h.stream),
                         json.dumps({"type": "error", "model": h.name, "stream": h.stream, "error": fields["error"]}),

@@ -24,11 +24,19 @@ class StreamPosteriors:
         # (tenant, stream) -> model -> config: a stream's models found without scanning every stream's (a
         # commit asks for them, so a scan made a round of K models on one stream cost O(K²))
         self._configs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        self._known: dict[tuple[str, str], str] = {}  # the names of _configs[stream], comma-separated
 
-    def known(self, h: Held) -> list[str]:
-        """Models of ``h``'s stream whose config is cached (the scripts skip reading their configs)."""
-        cached = self._configs.get((h.tenant, h.stream), {})
-        return sorted(cached) if h.name in cached else sorted([*cached, h.name])
+    def known(self, h: Held) -> str:
+        """Models of ``h``'s stream whose config is cached, comma-separated (the scripts skip reading their
+        configs); built once per change of the cache (every commit sends it)."""
+        key = (h.tenant, h.stream)
+        cached = self._configs.get(key, {})
+        if h.name not in cached:
+            return ",".join([*cached, h.name])
+        known = self._known.get(key)
+        if known is None:
+            known = self._known[key] = ",".join(cached)
+        return known
 
     def state(self, h: Held) -> StreamState | None:
         """The stream's state when its common count differs from the leader record's (else None)."""
@@ -72,6 +80,7 @@ class StreamPosteriors:
         r, keys = self.scripts.r, self.scripts.keys
         names = {m for m, *_ in state.models}
         cached = self._configs.setdefault((t, h.stream), {})
+        self._known.pop((t, h.stream), None)
         for m in [m for m in cached if m not in names]:
             del cached[m]
         states, rows_n = {}, {}

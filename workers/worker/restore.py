@@ -1,5 +1,10 @@
 """Restore a freshly leased model: its config, and its engine from the checkpoint (the history rebuilt
-by replaying the stream log up to the cursor, DESIGN.md §2) or a new engine."""
+by replaying the stream log up to the cursor, DESIGN.md §2) or a new engine.
+
+The checkpoint's engine state may be a few chunks behind its cursor (a backlog defers it:
+:meth:`workers.worker.loop.Worker.commit_call`): those chunks are re-absorbed from the stream log as the
+worker absorbed them (same blocks, :func:`~workers.worker.blocks.absorb_chunk`), so the engine ends bit for bit
+where it was when the cursor moved; their rows, events and alerts were committed then and are not repeated."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from workers import alerts as detector_lib
 from workers.segmented import SegmentedEngine
 from workers.store import records
 from workers.store.keys import Keys
+from workers.worker.blocks import absorb_chunk
 from workers.worker.leases import Held
 
 
@@ -35,27 +41,52 @@ def restore(r: redis.Redis, keys: Keys, h: Held) -> bool | None:
     if b"state" in ckpt:
         h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
         h.detector = json.loads(ckpt[b"detector"])
+        at = ckpt.get(b"state_cursor", h.cursor)  # absent before deferred states: the state is at the cursor
         # the main engine plus its change-point challengers (field absent in older checkpoints; issue 12)
         h.engine = SegmentedEngine.restore(
-            ckpt[b"state"], ckpt.get(b"changepoint"), changepoint_settings(h.cfg), lambda: replay(r, keys, h)
+            ckpt[b"state"], ckpt.get(b"changepoint"), changepoint_settings(h.cfg), lambda: replay(r, keys, h, at)
         )
+        h.unsaved = catch_up(r, keys, h, at)
         return True
     h.engine = SegmentedEngine.create(h.cfg["family"], h.cfg["params"], h.cfg["sampler"], changepoint_settings(h.cfg))
     h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
     return False
 
 
-def replay(r: redis.Redis, keys: Keys, h: Held, page: int = 256) -> Iterator[tuple[Any, Any]]:
-    """The stream's chunks from the start up to the model's cursor, as ``(x, y)`` tensors."""
+def replay(r: redis.Redis, keys: Keys, h: Held, end: bytes, page: int = 256) -> Iterator[tuple[Any, Any]]:
+    """The stream's chunks from the start up to entry ``end`` (included), as ``(x, y)`` tensors."""
     start: str | bytes = "-"
     key = keys.log(h.tenant, h.stream)
     while True:
-        entries = r.xrange(key, start, h.cursor, count=page)
+        entries = r.xrange(key, start, end, count=page)
         for _, fields in entries:
             yield records.decode_chunk(fields)
         if len(entries) < page:
             return
         start = b"(" + entries[-1][0]
+
+
+def catch_up(r: redis.Redis, keys: Keys, h: Held, state_cursor: bytes) -> int:
+    """Re-absorb the committed chunks after ``state_cursor`` up to ``h.cursor`` into ``h.engine`` through the
+    worker's own chunk path (:func:`workers.worker.blocks.absorb_chunk`: the same blocks; a model's bits do not
+    depend on the stack it ran in), dropping the rows and alerts they give (committed with their chunks).
+    Returns the number of chunks.
+
+    Raises
+    ------
+    workers.sgais.NumericalError, ValueError
+        A chunk the engine absorbed when it was committed fails now (the replay diverged).
+    """
+    if state_cursor == h.cursor:
+        return 0
+    assert h.engine is not None
+    entries = r.xrange(keys.log(h.tenant, h.stream), b"(" + state_cursor, h.cursor)
+    for _, fields in entries:
+        x, y = records.decode_chunk(fields)
+        absorb_chunk(h.engine, x, y, seq=int(fields[b"seq"]), first_index=int(fields[b"first_index"]))
+    if isinstance(h.engine, SegmentedEngine):
+        h.engine.take_alerts()
+    return len(entries)
 
 
 def changepoint_settings(cfg: dict[str, Any]) -> Any:

@@ -2,10 +2,13 @@
 -- models (sorted), each one's observations and status (``me`` overridden with the values being committed),
 -- the common count, and the leader record.  nil when the count equals the record's; else {count, leader
 -- JSON or '', names, observations, statuses, row at count (JSON or ''), model config ('' when the caller
--- knows it)}.  Models whose config is gone are left out; so are errored models from the count.
-local function stream_state(models_key, leader_key, model_prefix, ckpt_prefix, trace_prefix, known, me, my_obs)
+-- knows it)}.  Models whose config is gone are left out; so are errored models from the count.  ``known``:
+-- the names of the models whose config the caller has, comma-separated (names have no commas).
+local function stream_state(models_key, leader_key, model_prefix, ckpt_prefix, trace_prefix, known_csv, me, my_obs)
   local names = redis.call('SMEMBERS', models_key)
   table.sort(names)
+  local known = {}
+  for m in string.gmatch(known_csv, '[^,]+') do known[m] = true end
   local leader = redis.call('GET', leader_key)
   local kept, obs, status, configs = {}, {}, {}, {}
   for _, m in ipairs(names) do
