@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import httpx
+import psutil
 import torch
 from service_overhead import free_port, service_run, start_server
 
@@ -93,12 +94,45 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
+def cpu_by_role(pid: int, data_dir: str) -> dict[str, float]:
+    """CPU seconds (user + system) of ``sgais serve`` (``pid``: the API) and its children, by role: ``api``,
+    ``worker`` (``workers.runner``), ``redis`` (the embedded ``redis-server``, daemonised: found by its working
+    directory, the server's ``data_dir``); an external Redis (``--redis-url``) is not seen."""
+    out = {"api": 0.0, "worker": 0.0, "redis": 0.0}
+    root = psutil.Process(pid)
+    embedded = [
+        p
+        for p in psutil.process_iter(["name", "cwd"])
+        if p.info["name"] == "redis-server" and p.info["cwd"] == os.path.realpath(data_dir)
+    ]
+    for p in [root, *root.children(recursive=True), *embedded]:
+        try:
+            t = p.cpu_times()
+            cmd = " ".join(p.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        role = "redis" if "redis-server" in cmd else "worker" if "workers.runner" in cmd else "api"
+        out[role] += t.user + t.system
+    return out
+
+
+def cpu_per_model_block(before: dict[str, float], after: dict[str, float], model_blocks: int) -> dict[str, float]:
+    """Milliseconds of CPU per model-block of each role between two :func:`cpu_by_role` readings."""
+    return {k: 1000 * (after[k] - before[k]) / model_blocks for k in before}
+
+
+def _cpu_text(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f} ms" for k, v in cpu.items())
+
+
 def _spin() -> None:
     while True:
         pass
 
 
-def part_gmm(base: str, tag: str, n_models: int, n_chunks: int, changepoints: bool) -> dict:
+def part_gmm(
+    base: str, server_pid: int, data_dir: str, tag: str, n_models: int, n_chunks: int, changepoints: bool
+) -> dict:
     data = gmm_chunks(n_chunks)
     os.environ["BENCH_KEEP_MODELS"] = "1"
 
@@ -107,7 +141,9 @@ def part_gmm(base: str, tag: str, n_models: int, n_chunks: int, changepoints: bo
 
     service_run(base, f"warm-{tag}", data[:3], 1, in_flight=1, model_fn=fn)  # the worker's lazy imports
     t_one, _ = service_run(base, f"one-{tag}", data, 1, in_flight=1, model_fn=fn)
+    cpu0 = cpu_by_role(server_pid, data_dir)
     t_many, _ = service_run(base, f"many-{tag}", data, n_models, in_flight=1, model_fn=fn)
+    cpu = cpu_per_model_block(cpu0, cpu_by_role(server_pid, data_dir), n_models * n_chunks)
     y = [v for c in data for v in c["y"]]
     errors, statuses = [], {}
     with httpx.Client(base_url=base, timeout=60) as client:
@@ -131,10 +167,13 @@ def part_gmm(base: str, tag: str, n_models: int, n_chunks: int, changepoints: bo
         "within_5_nats": sum(abs(e) <= 5 for e in errors),
         "models_checked": len(errors),
         "statuses": statuses,
+        "many_cpu_ms_per_model_block": cpu,
     }
 
 
-def part_ar(base: str, server_pid: int, tag: str, n_models: int, n_chunks: int, changepoints: bool) -> dict:
+def part_ar(
+    base: str, server_pid: int, data_dir: str, tag: str, n_models: int, n_chunks: int, changepoints: bool
+) -> dict:
     data = ar_chunks(n_chunks)
     stream = f"ar-{tag}"
     rss0 = rss_bytes(server_pid)
@@ -142,6 +181,7 @@ def part_ar(base: str, server_pid: int, tag: str, n_models: int, n_chunks: int, 
     # the first chunk (single-observation blocks, challengers starting) apart; then the sustained rate
     t_first, _ = service_run(base, stream, data[:1], n_models, in_flight=1,
                              model_fn=lambda i: ar_model(i, changepoints))  # fmt: skip
+    cpu0 = cpu_by_role(server_pid, data_dir)
     t0 = time.perf_counter()
     with httpx.Client(base_url=base, timeout=60) as client:
         for c in data[1:]:
@@ -152,11 +192,13 @@ def part_ar(base: str, server_pid: int, tag: str, n_models: int, n_chunks: int, 
                 break
             time.sleep(0.2)
         elapsed = time.perf_counter() - t0
+        cpu = cpu_per_model_block(cpu0, cpu_by_role(server_pid, data_dir), n_models * (n_chunks - 1))
         rss1 = rss_bytes(server_pid)
         client.delete(f"/v1/streams/{stream}").raise_for_status()
     rest = n_chunks - 1
     return {
         "first_chunk_s": t_first,
+        "cpu_ms_per_model_block": cpu,
         "sustained_model_blocks_per_s": n_models * rest / elapsed if rest else math.nan,
         "sustained_s_per_round": elapsed / rest if rest else math.nan,
         "rss_mb_before": rss0 / 2**20,
@@ -190,7 +232,7 @@ def main() -> None:
         try:
             tag = f"{args.load}-{int(time.time())}"
             if "gmm" in args.part:
-                r = part_gmm(base, tag, args.models, args.chunks, cps)
+                r = part_gmm(base, server.pid, tmp, tag, args.models, args.chunks, cps)
                 results["gmm"] = r
                 print(
                     f"gmm load={args.load} changepoints={cps}: one model {r['one_ms_per_block']:.1f} ms/block "
@@ -198,17 +240,19 @@ def main() -> None:
                     f"{r['many_model_blocks_per_s']:.1f} model-blocks/s ({r['many_ms_per_model_block']:.2f} ms per "
                     f"model-block) = {r['ratio']:.1f}x one; log-evidence vs exact: max |err| "
                     f"{r['max_abs_error_nats']:.2f} nats, mean {r['mean_error_nats']:+.2f}, "
-                    f"{r['within_5_nats']}/{r['models_checked']} within 5 nats; statuses {r['statuses']}",
+                    f"{r['within_5_nats']}/{r['models_checked']} within 5 nats; statuses {r['statuses']}; "
+                    f"CPU per model-block of the many: {_cpu_text(r['many_cpu_ms_per_model_block'])}",
                     flush=True,
                 )
             if "ar" in args.part:
-                r = part_ar(base, server.pid, tag, args.ar_models, args.ar_chunks, cps)
+                r = part_ar(base, server.pid, tmp, tag, args.ar_models, args.ar_chunks, cps)
                 results["ar"] = r
                 print(
                     f"ar load={args.load} changepoints={cps}: {args.ar_models} AR(1) models, first chunk "
                     f"{r['first_chunk_s']:.1f} s, then {r['sustained_model_blocks_per_s']:.1f} model-blocks/s "
                     f"({r['sustained_s_per_round']:.2f} s per chunk of all models); server RSS "
-                    f"{r['rss_mb_before']:.0f} -> {r['rss_mb_after']:.0f} MB = {r['kb_per_model']:.0f} kB per model",
+                    f"{r['rss_mb_before']:.0f} -> {r['rss_mb_after']:.0f} MB = {r['kb_per_model']:.0f} kB per model; "
+                    f"CPU per model-block: {_cpu_text(r['cpu_ms_per_model_block'])}",
                     flush=True,
                 )
         finally:
