@@ -74,6 +74,17 @@ def api_with_models(settings, models: dict[str, dict], stream: str = "s") -> Ite
         yield c
 
 
+def die(worker) -> None:
+    """A step-driven worker dies, and time passes: its leases and its heartbeat expire.  Dropping only the leases
+    left it live for ``3 * heartbeat_seconds`` in the fair share, so the next worker, at a share of half the
+    models, restored some of them only (an intermittent failure on a fast machine)."""
+    for h in worker.leases.snapshot():
+        worker.r.delete(worker.keys.lease(h.tenant, h.name))
+    worker.leases.clear()
+    worker.r.delete(worker.keys.worker(worker.id))
+    worker.r.zrem(worker.keys.workers, worker.id)
+
+
 def run_until_idle(worker) -> None:
     """Drive a step-driven :class:`workers.worker.Worker`: heartbeat, lease scan, then steps until none works."""
     worker.heartbeat()

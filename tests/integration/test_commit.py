@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from tests.conftest import SMALL_MODEL
-from tests.integration.helpers import api_with_models, linear_chunks, run_until_idle, strip
+from tests.integration.helpers import api_with_models, die, linear_chunks, run_until_idle, strip
 from workers.engine import SINGLE_OBSERVATION_BLOCKS
 from workers.store.commit import Scripts
 from workers.store.keys import Keys
@@ -106,8 +106,7 @@ def test_next_holder_completes_an_interrupted_stream_posterior_update(api, setti
     run_until_idle(first)
     leader_key = Keys(settings.key_prefix).leader("default", "s")
     assert r.get(leader_key) is None and api.get("/v1/models/b/evidence").json()["chunks_processed"] == 2
-    for name in MODELS:  # its leases expire
-        r.delete(Keys(settings.key_prefix).lease("default", name))
+    die(first)
     run_until_idle(Worker(settings))  # restores the models from their checkpoints
     assert json.loads(r.get(leader_key)) == {"model": "a", "observations": 600}
 
@@ -189,8 +188,7 @@ def test_a_restore_re_absorbs_the_chunks_committed_without_their_state(settings,
                 first.committed = counting  # type: ignore[method-assign]
             run_until_idle(first)
             ckpt = r.hgetall(keys.checkpoint("default", stream))
-            first.leases.clear()  # died: nothing flushed, its leases left to expire
-            r.delete(keys.lease("default", stream))
+            die(first)  # nothing flushed
             second = Worker(s)
             run_until_idle(second)
             second.shutdown()
