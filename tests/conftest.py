@@ -15,10 +15,37 @@ import torch
 
 import models  # noqa: F401  (first: sets MKL's strict reproducibility before any matrix product, models/__init__)
 from workers.config import Settings
+from workers.worker.loop import warm_lazy_imports
 
 # Workers run torch on one intra-op thread (SGAIS_TORCH_THREADS, default 1); reductions over a
 # different thread count may round differently, so reference runs in the tests use the same.
 torch.set_num_threads(1)
+
+# torch's first-use imports (sympy, torch._dynamo) here, in the main thread before any test starts a thread: a
+# Worker does this in its constructor, but a test's Worker may be built while an earlier test's daemon thread
+# (a worker still finishing a block under load) runs, and an import racing other code once raised "dictionary
+# changed size during iteration" in an app's start-up (a clean-clone CI run beside two CPU hogs).
+warm_lazy_imports()
+
+
+def _resolve_anyio_lazy_names() -> None:
+    """The session's first TestClient failed to start its portal thread with "dictionary changed size during
+    iteration" in two clean-clone CI runs (first test of a cold machine; never reproduced warm, 6 cold tries
+    either).  The likeliest cause: anyio 4.16 imports its top-level names lazily, its module ``__getattr__``
+    storing each into the module on first use, from whichever thread.  Unconfirmed; harmless: resolve every name
+    and start one portal here, in the main thread, before any test starts a thread."""
+    import anyio
+    import anyio.abc
+    import anyio.from_thread
+
+    for module in (anyio, anyio.abc):
+        for name in dir(module):
+            getattr(module, name)
+    with anyio.from_thread.start_blocking_portal() as portal:
+        portal.call(anyio.sleep, 0)
+
+
+_resolve_anyio_lazy_names()
 
 SMALL_MODEL: dict[str, Any] = {
     "family": "linear_regression",
