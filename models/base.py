@@ -235,7 +235,11 @@ def stick_breaking_offsets(u: torch.Tensor) -> torch.Tensor:
 def _stick_breaking(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.distributions.StickBreakingTransform`` of ``u: [..., C−1]`` and its log-|J| ``[...]``, the same
     arithmetic as torch 2.x's ``_call`` and ``log_abs_det_jacobian`` (so the same bits), without the
-    ``Transform`` machinery (measured: half the cost of :meth:`ParameterSpace.constrain` for a gmm)."""
+    ``Transform`` machinery (measured: half the cost of :meth:`ParameterSpace.constrain` for a gmm).  One
+    component (``C − 1 = 0``: a one-component gmm's weights) is the point ``y = 1`` with log-|J| 0, returned
+    without the arithmetic (the same bits: ``1·1`` and an empty sum)."""
+    if u.shape[-1] == 0:
+        return u.new_ones(*u.shape[:-1], 1), u.new_zeros(u.shape[:-1])
     x = u - stick_breaking_offsets(u).log()
     finfo = torch.finfo(u.dtype)
     z = torch.clamp(torch.sigmoid(x), min=finfo.tiny, max=1.0 - finfo.eps)

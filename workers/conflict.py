@@ -171,6 +171,22 @@ def robust_z(prior_draws: torch.Tensor, point: torch.Tensor) -> float:
     return float(torch.nan_to_num(z, nan=math.inf).max())
 
 
+def clear_of_conflict(
+    family: StackedFamily, prior_draws: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor
+) -> list[bool]:
+    """The first test of :func:`defensive_start` for ``K`` models at once: True where at least ``CLEAR_ESS``
+    prior draws (likelihood-weighted ESS) sit where the block's likelihood is, so no start is needed.
+
+    ``family``: the models' stack in float64; ``prior_draws: [K, M, D]``; ``x: [K, B, d] | None``;
+    ``y: [K, B, ...]``.  One stacked evaluation instead of ``K``; each row is the arithmetic the model's own
+    test does, so the answers are its own (tests/test_conflict.py checks them against one model at a time).
+    """
+    with torch.no_grad():
+        ll = family.log_likelihood(prior_draws.to(torch.float64), x, y).sum(-1)
+    ll = torch.nan_to_num(ll, nan=-math.inf)
+    return (torch.isfinite(ll).any(-1) & (ess(ll) >= CLEAR_ESS)).tolist()
+
+
 def defensive_start(
     generator: torch.Generator,
     family: Family,

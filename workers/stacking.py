@@ -182,6 +182,7 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
     """One block per model (raw stream values): prepare, group into stacks, run, apply the policies."""
     out: list[Any] = [None] * len(models)
     pending: list[_Pending] = []
+    prepared: list[tuple[int, Model, SGAISState, torch.Tensor | None, torch.Tensor, torch.Tensor | None, int]] = []
     for i, (m, (x, y)) in enumerate(zip(models, blocks, strict=True)):
         s, st = m.settings, m.state
         assert st is not None
@@ -194,7 +195,10 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
             out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, st.ess, False, False,
                                log_evidence_se=st.log_evidence_se)  # fmt: skip
             continue
-        pending.append(_before_block(i, m, st, xr, yr, context)._replace(raw=y.shape[0]))
+        prepared.append((i, m, st, xr, yr, context, y.shape[0]))
+    cleared = _cleared(prepared)
+    for i, m, st, xr, yr, context, raw in prepared:
+        pending.append(_before_block(i, m, st, xr, yr, context, cleared=cleared.get(i, False))._replace(raw=raw))
     groups: dict[tuple[Any, ...], list[_Pending]] = {}
     for p in pending:
         key = (stack_key(p.model), p.state.theta.shape[0], tuple(p.y.shape), p.x is None)
@@ -205,14 +209,49 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
     return out
 
 
+def _first_block(st: SGAISState) -> bool:
+    """The prior population meets its first likelihood rows (a new model, a new challenger)."""
+    return st.history.seen == 0 and st.n_anchor == 0 and bool((st.log_w == 0).all())
+
+
+def _cleared(prepared: list[tuple[Any, ...]]) -> dict[int, bool]:
+    """Slot -> :func:`workers.conflict.clear_of_conflict` for the round's populations at their first block,
+    one stacked evaluation per group of one stack key and shape (a round on a new stream starts a population per
+    model; challengers start every few blocks)."""
+    groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for p in prepared:
+        i, m, st, x, y = p[:5]
+        if _first_block(st):
+            key = (stack_key(m), tuple(st.theta.shape), tuple(y.shape), x is None)
+            groups.setdefault(key, []).append(p)
+    out: dict[int, bool] = {}
+    for group in groups.values():
+        m0 = group[0][1]
+        device = m0.settings.torch_device
+        family = StackedFamily([p[1].family for p in group], torch.float64, device)
+        x = torch.stack([p[3].to(torch.float64) for p in group]) if group[0][3] is not None else None
+        y = torch.stack([p[4].to(torch.float64) for p in group])
+        theta = torch.stack([p[2].theta for p in group])
+        out.update(zip((p[0] for p in group), conflict.clear_of_conflict(family, theta, x, y), strict=True))
+    return out
+
+
 def _before_block(
-    i: int, m: Model, st: SGAISState, x: torch.Tensor | None, y: torch.Tensor, context: torch.Tensor | None
+    i: int,
+    m: Model,
+    st: SGAISState,
+    x: torch.Tensor | None,
+    y: torch.Tensor,
+    context: torch.Tensor | None,
+    *,
+    cleared: bool = False,
 ) -> _Pending:
-    """Warm-up reduction, re-anchoring, the block's burn-in and whether the Fisher caps apply."""
+    """Warm-up reduction, re-anchoring, the block's burn-in and whether the Fisher caps apply.  ``cleared``:
+    the first block was found clear of prior-data conflict already (:func:`_cleared`)."""
     s, history = m.settings, st.history
     n_prev = history.seen
     one_step = False
-    if n_prev == 0 and st.n_anchor == 0 and bool((st.log_w == 0).all()):
+    if not cleared and _first_block(st):
         # the prior population meets its first likelihood rows: a defensive Laplace start when they conflict
         start = conflict.defensive_start(m.generator, m.family, st.theta, x, y)
         if start is not None:  # importance sampling of the block: its likelihood in one increment (below)

@@ -96,6 +96,31 @@ def test_unit_scale_data_keep_the_prior_start() -> None:
     assert conflict.defensive_start(g, fam, prior, None, y + 300.0) is not None
 
 
+def test_the_stacked_clearance_test_answers_as_each_model_alone() -> None:
+    """``clear_of_conflict`` over a stack of gmm models with different priors, on blocks at unit scale, at 30
+    and at 300, gives each model the answer of its own stack of one, and that answer is what
+    ``defensive_start`` does: None (keep the prior draws) exactly when clear."""
+    from models.stack import StackedFamily
+
+    fams = [
+        ModelEngine("gmm", {"dim": 1, "components": 1, "mean_scale": 1.0 + k, "variance_shape": 1.0 + k / 4}).family
+        for k in range(6)
+    ]
+    g = torch.Generator().manual_seed(1)
+    draws = torch.stack([f.sample_prior(g, 20) for f in fams])
+    ys = torch.stack([torch.randn(5, 1, generator=g, dtype=torch.float64) + shift for shift in (0, 0, 30, 30, 300, 0)])
+    stacked = conflict.clear_of_conflict(StackedFamily(fams, torch.float64, "cpu"), draws, None, ys)
+    alone = [
+        conflict.clear_of_conflict(StackedFamily.of(f, torch.float64, "cpu"), draws[k][None], None, ys[k][None])[0]
+        for k, f in enumerate(fams)
+    ]
+    assert stacked == alone
+    assert stacked[0] and not stacked[4]  # both answers occur
+    for k, f in enumerate(fams):
+        if stacked[k]:
+            assert conflict.defensive_start(g, f, draws[k], None, ys[k]) is None
+
+
 def test_a_full_reservoir_degrades_the_model() -> None:
     """history_capacity biases the evidence once rows are dropped (bench/conflict.py reservoir: −37 nats for a
     5-feature regression at n = 20,000 with 500): the model is ``degraded`` from then on, not before."""
