@@ -21,10 +21,8 @@ from workers.worker.loop import warm_lazy_imports
 # different thread count may round differently, so reference runs in the tests use the same.
 torch.set_num_threads(1)
 
-# torch's first-use imports (sympy, torch._dynamo) here, in the main thread before any test starts a thread: a
-# Worker does this in its constructor, but a test's Worker may be built while an earlier test's daemon thread
-# (a worker still finishing a block under load) runs, and an import racing other code once raised "dictionary
-# changed size during iteration" in an app's start-up (a clean-clone CI run beside two CPU hogs).
+# torch's first-use imports (sympy, torch._dynamo) in the main thread before any test starts a thread (a Worker
+# does this in its constructor, possibly while an earlier test's daemon thread still runs): see below.
 warm_lazy_imports()
 
 

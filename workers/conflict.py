@@ -193,6 +193,8 @@ def defensive_start(
     prior_draws: torch.Tensor,
     x: torch.Tensor | None,
     y: torch.Tensor,
+    *,
+    tested: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``(theta: [M, D], log_w: [M] float64, variance: [D] float64)``: ``M`` draws from the defensive
     mixture ``q`` (module docstring), ``log w = log p − log q`` and the Laplace variances ``diag(H⁻¹)``,
@@ -200,18 +202,19 @@ def defensive_start(
 
     ``prior_draws: [M, D]`` are the model's initial particles (they give the optimiser's start and the
     conflict test); the ``M`` mixture draws come from ``generator`` (one ``rand`` call for the component
-    labels, one prior draw, one ``randn``).
+    labels, one prior draw, one ``randn``).  ``tested``: the caller found the block not clear of conflict
+    already (:func:`clear_of_conflict`, batched over a round's models), so the test is not repeated.
     """
     M, D = prior_draws.shape
     dtype = prior_draws.dtype
     block = one_block(family, x, y, prior_draws.device)
+    if not tested and clear_of_conflict(block.family, prior_draws[None], block.x, block.y)[0]:
+        return None  # enough prior draws where the block's likelihood is: annealing from the prior works
     with torch.no_grad():
         theta64 = prior_draws.to(torch.float64)[None]
         ll = torch.nan_to_num(block.family.log_likelihood(theta64, block.x, block.y).sum(-1)[0], nan=-math.inf)
         lt = block.family.log_prior(theta64)[0] + ll
     lt = torch.nan_to_num(lt, nan=-math.inf)
-    if torch.isfinite(ll).any() and float(ess(ll)) >= CLEAR_ESS:
-        return None  # enough prior draws where the block's likelihood is: annealing from the prior works
     start = prior_draws[int(torch.argmax(lt))]
     lap = laplace(block, start)
     if lap is None or robust_z(prior_draws, lap.mode) <= CONFLICT_Z:

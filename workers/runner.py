@@ -46,9 +46,9 @@ if __name__ == "__main__":
     try:
         main()
         code = 0
-    except SystemExit as err:
-        code = err.code if isinstance(err.code, int) else 1
-        if err.code is not None and not isinstance(err.code, int):
+    except SystemExit as err:  # sys.exit(): None is success, a message is printed and fails
+        code = 0 if err.code is None else err.code if isinstance(err.code, int) else 1
+        if isinstance(err.code, str):
             print(err.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()

@@ -198,7 +198,7 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
         prepared.append((i, m, st, xr, yr, context, y.shape[0]))
     cleared = _cleared(prepared)
     for i, m, st, xr, yr, context, raw in prepared:
-        pending.append(_before_block(i, m, st, xr, yr, context, cleared=cleared.get(i, False))._replace(raw=raw))
+        pending.append(_before_block(i, m, st, xr, yr, context, cleared=cleared.get(i))._replace(raw=raw))
     groups: dict[tuple[Any, ...], list[_Pending]] = {}
     for p in pending:
         key = (stack_key(p.model), p.state.theta.shape[0], tuple(p.y.shape), p.x is None)
@@ -244,16 +244,16 @@ def _before_block(
     y: torch.Tensor,
     context: torch.Tensor | None,
     *,
-    cleared: bool = False,
+    cleared: bool | None = None,
 ) -> _Pending:
     """Warm-up reduction, re-anchoring, the block's burn-in and whether the Fisher caps apply.  ``cleared``:
-    the first block was found clear of prior-data conflict already (:func:`_cleared`)."""
+    the first block's conflict test when the round already ran it (:func:`_cleared`), None when not."""
     s, history = m.settings, st.history
     n_prev = history.seen
     one_step = False
     if not cleared and _first_block(st):
         # the prior population meets its first likelihood rows: a defensive Laplace start when they conflict
-        start = conflict.defensive_start(m.generator, m.family, st.theta, x, y)
+        start = conflict.defensive_start(m.generator, m.family, st.theta, x, y, tested=cleared is not None)
         if start is not None:  # importance sampling of the block: its likelihood in one increment (below)
             # posterior_var: the Laplace variances (the step sizes' floor is a quarter of the last value)
             st = st._replace(theta=start[0], log_w=start[1], posterior_var=start[2])
