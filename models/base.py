@@ -447,6 +447,29 @@ class Family(ABC):
         """``(A0: [K, D, D], c0: [K, D])`` with ``∇_θ log p(θ) = c0 − θ A0`` (``quadratic`` families)."""
         raise NotImplementedError(f"{self.name} is not a quadratic family")
 
+    #: True when ``Σ_b ∇_θ log p(y_b|θ)`` and ``∇_θ log p(θ)`` are one function ``g(θ, T)`` LINEAR in additive
+    #: sufficient statistics ``T`` (an exponential family whose conjugate prior acts as pseudo-observations):
+    #: the sampler then folds the prior, the tempered block and a mini-batch into one ``T`` and makes ONE
+    #: gradient evaluation per SGHMC step (:meth:`stacked_sufficient_statistics`,
+    #: :meth:`stacked_prior_pseudo_statistics`, :meth:`stacked_grad_from_statistics`).
+    sufficient_statistics: bool = False
+
+    def stacked_sufficient_statistics(self, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+        """``T: [K, P]``, the sum over the rows ``x: [K, B, d] | None``, ``y: [K, B, ...]`` of the rows'
+        sufficient statistics, so that ``Σ_b ∇_θ log p(y_b|θ) = g(θ, T)`` (``sufficient_statistics``
+        families)."""
+        raise NotImplementedError(f"{self.name} has no sufficient statistics")
+
+    def stacked_prior_pseudo_statistics(self, hp: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``T0: [K, P]`` with ``∇_θ log p(θ) = g(θ, T0)`` (log-|J| included; ``sufficient_statistics``
+        families)."""
+        raise NotImplementedError(f"{self.name} has no sufficient statistics")
+
+    def stacked_grad_from_statistics(self, theta: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+        """``g(θ, T)``: ``theta: [K, M, D]``, ``T: [K, P]`` -> ``[K, M, D]``, linear in ``T``
+        (``sufficient_statistics`` families)."""
+        raise NotImplementedError(f"{self.name} has no sufficient statistics")
+
     def stacked_fisher(
         self, theta: torch.Tensor, weights: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict
     ) -> torch.Tensor:

@@ -228,6 +228,44 @@ class GaussianMixture(Family):
             parts.insert(0, alpha * (1.0 - (offset + 1.0) * z))
         return torch.cat(parts, dim=-1)
 
+    @property
+    def sufficient_statistics(self) -> bool:  # type: ignore[override]
+        """One component: a Gaussian with a normal–inverse-gamma prior, whose gradients are linear in
+        ``T = (N, S1: [d], S2: [d], H)`` (:meth:`stacked_grad_from_statistics`)."""
+        return self.params.components == 1
+
+    def stacked_sufficient_statistics(self, x, y):
+        """One component: ``T = (N, Σ_b y_b, Σ_b y_b², N/2)``: ``y: [K, B, d]`` or ``[K, B]`` -> ``[K, 2d + 2]``."""
+        if y.ndim == 2:
+            y = y[..., None]
+        n = torch.full_like(y[:, 0, :1], float(y.shape[1]))
+        return torch.cat([n, y.sum(1), (y * y).sum(1), 0.5 * n], dim=-1)
+
+    def stacked_prior_pseudo_statistics(self, hp):
+        """One component, per coordinate ``μ | σ² ~ N(m, ms·σ²)``, ``σ² ~ InvGamma(a, b)`` with ``u = log σ²``:
+        the prior's gradient (:meth:`stacked_grad_log_prior`) is ``g(θ, T0)`` with the pseudo-observations
+        ``N0 = 1/ms``, ``S1_0 = m/ms``, ``S2_0 = m²/ms + 2b`` and ``H0 = a + 1/2`` (the ``+1`` of ``log|J| = u``
+        included): ``[K, 2d + 2]``."""
+        d = self.params.dim
+        a, b, ms, m = (hp[k] for k in ("variance_shape", "variance_scale", "mean_variance_ratio", "mean_location"))
+        n0 = 1.0 / ms  # [K, 1]
+        ones = torch.ones_like(n0).expand(-1, d)
+        return torch.cat([n0, (m * n0) * ones, (m * m * n0 + 2.0 * b) * ones, a + 0.5], dim=-1)
+
+    def stacked_grad_from_statistics(self, theta, T):
+        """One component, ``theta = (μ: [d], u = log σ²: [d])`` per particle, ``T = (N, S1, S2, H): [K, 2d + 2]``:
+        ``∂_μ = (S1 − μN)/σ²`` and ``∂_u = (S2 − 2μS1 + μ²N)/(2σ²) − H`` (the one-component case of
+        :meth:`stacked_grad_log_likelihood`, ``H = N/2`` for data rows; Bishop 2006, *PRML* eq. 9.13) ->
+        ``[K, M, 2d]``, linear in ``T``."""
+        d = self.params.dim
+        T = T[:, None]  # [K, 1, P]
+        n, s1, s2, h = T[..., :1], T[..., 1 : 1 + d], T[..., 1 + d : 1 + 2 * d], T[..., 1 + 2 * d :]
+        mu, u = theta[..., :d], theta[..., d:]
+        iv = torch.exp(-u)
+        g_mu = (s1 - mu * n) * iv
+        g_u = 0.5 * (s2 - 2.0 * mu * s1 + mu * mu * n) * iv - h
+        return torch.cat([g_mu, g_u], dim=-1)
+
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params
         K, d = p.components, p.dim

@@ -94,6 +94,22 @@ class StackedFamily:
         """``(A0: [K, D, D], c0: [K, D])``: ``∇ log p(θ) = c0 − θ A0`` (quadratic families)."""
         return self.family.stacked_prior_statistics(self.hp)
 
+    @property
+    def sufficient_statistics(self) -> bool:
+        return self.family.sufficient_statistics
+
+    def statistics(self, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+        """``T: [K, P]``, the rows' summed sufficient statistics: ``Σ_b ∇ log p(y_b|θ) = g(θ, T)``."""
+        return self.family.stacked_sufficient_statistics(x, y)
+
+    def prior_pseudo_statistics(self) -> torch.Tensor:
+        """``T0: [K, P]``: ``∇ log p(θ) = g(θ, T0)`` (log-|J| included)."""
+        return self.family.stacked_prior_pseudo_statistics(self.hp)
+
+    def grad_from_statistics(self, theta: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+        """``g(θ, T)``: ``theta: [K, M, D]``, ``T: [K, P]`` -> ``[K, M, D]``, linear in ``T``."""
+        return self.family.stacked_grad_from_statistics(theta, T)
+
     def log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         """``theta: [K, M, D]``, ``x: [K, B, d] | None``, ``y: [K, B, ...]`` -> ``[K, M, B]`` (nats)."""
         values, _ = self.family.space.constrain(theta)

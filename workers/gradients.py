@@ -22,7 +22,7 @@ estimator is ``(theta: [K, M, D], batch) -> [K, M, D]``, an estimate of ``∇ Σ
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -31,12 +31,16 @@ from models.stack import StackedFamily
 
 
 class Batch(NamedTuple):
-    """Likelihood rows of a stack: ``x: [K, B, d] | None``, ``y: [K, B, ...]``; for quadratic families
-    the rows may be replaced by their precomputed statistics ``stats = (A: [K, D, D], c: [K, D] | None)``."""
+    """Likelihood rows of a stack: ``x: [K, B, d] | None``, ``y: [K, B, ...]``; the rows may be replaced by
+    their precomputed statistics: ``stats = (A: [K, D, D], c: [K, D] | None)`` for quadratic families, the
+    summed sufficient statistics ``T: [K, P]`` for ``sufficient_statistics`` families."""
 
     x: torch.Tensor | None
     y: torch.Tensor | None
-    stats: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    stats: Any = None
+    #: ``est(a, B): [K, M, D]``, the base estimator at the control variates' anchors on this batch, when the
+    #: sampler formed it for all its steps at once (``sufficient_statistics`` families)
+    at_anchor: torch.Tensor | None = None
 
 
 PotentialGradient = Callable[[torch.Tensor, Batch | None], torch.Tensor]
@@ -49,6 +53,11 @@ class HistoryEstimator(Protocol):
 
     def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
         """``est(θ, B) − est(a, B)`` on the same batch, ``theta, anchor: [K, M, D]``."""
+        ...
+
+    def folded(self, theta: torch.Tensor, T: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``g(θ, T) + est(θ, B)`` for ``sufficient_statistics`` families, ``T: [K, P]`` (the exact part's
+        statistics): one gradient evaluation at ``θ``."""
         ...
 
 
@@ -69,13 +78,27 @@ class Minibatch:
             A, c = batch.stats if batch.stats is not None else self.model.gradient_statistics(batch.x, batch.y)
             assert c is not None
             return self.scale * (c[:, None, :] - bmm(theta, A))
+        if self.model.sufficient_statistics:
+            return self.model.grad_from_statistics(theta, self.scale[:, :, 0] * self._statistics(batch))
         assert batch.y is not None
         return self.scale * self.model.grad_log_likelihood(theta, batch.x, batch.y)
+
+    def _statistics(self, batch: Batch) -> torch.Tensor:
+        if batch.stats is not None:
+            return batch.stats
+        assert batch.y is not None
+        return self.model.statistics(batch.x, batch.y)
+
+    def folded(self, theta: torch.Tensor, T: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``g(θ, T + scale·T_B)``: the exact part and the mini-batch in one evaluation (linearity in ``T``)."""
+        return self.model.grad_from_statistics(theta, T + self.scale[:, :, 0] * self._statistics(batch))
 
     def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
             A = batch.stats[0] if batch.stats is not None else self.model.gradient_statistics(batch.x, None)[0]
             return self.neg_scale * bmm(theta - anchor, A)
+        if self.model.sufficient_statistics:
+            return self(theta, batch) - self(anchor, batch)
         M = theta.shape[1]
         g = self(torch.cat([theta, anchor], 1), batch)  # one evaluation for particles and anchors
         return g[:, :M] - g[:, M:]
@@ -94,6 +117,11 @@ class ControlVariates:
     def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
         return self.base.difference(theta, anchor, batch)
 
+    def folded(self, theta: torch.Tensor, T: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``g(θ, T) + G + base(θ, B) − base(a, B)``: two evaluations, at ``θ`` and at the anchors."""
+        at_anchor = batch.at_anchor if batch.at_anchor is not None else self.base(self.anchor, batch)
+        return self.base.folded(theta, T, batch) + (self.anchor_grad - at_anchor)
+
 
 def minibatch(model: StackedFamily, scale: torch.Tensor) -> Minibatch:
     """The plain mini-batch estimator (:class:`Minibatch`)."""
@@ -111,8 +139,20 @@ def potential_gradient(
     """``∇Û(θ) = −∇ log p(θ) − λ_k ∇ Σ_{y∈C} log p(y|θ) − history(θ, B)`` with ``lam: [K]`` (eq. 4.14).
 
     Quadratic families fold the prior and the block into ``(P, q) = (A0 + λA, c0 + λc)`` once, so a
-    step's exact part is ``q − θ P`` whatever the block length.
+    step's exact part is ``q − θ P`` whatever the block length.  ``sufficient_statistics`` families fold
+    them into ``T = T0 + λ T_C`` once, and a step adds the mini-batch's ``T_B`` to it: one evaluation of
+    ``g(θ, ·)`` (plus one at the anchors with control variates).
     """
+    if model.sufficient_statistics:
+        assert block.y is not None
+        T = model.prior_pseudo_statistics() + lam[:, None].to(model.hp_dtype) * model.statistics(block.x, block.y)
+
+        def grad_u_folded(theta: torch.Tensor, batch: Batch | None) -> torch.Tensor:
+            if history is not None and batch is not None:
+                return -history.folded(theta, T, batch)
+            return -model.grad_from_statistics(theta, T)
+
+        return grad_u_folded
     if model.quadratic:
         A0, c0 = model.prior_statistics()
         A, c = model.gradient_statistics(block.x, block.y)

@@ -355,8 +355,8 @@ def _move(
     """``burn: [K]`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54).
 
     Each model draws its step's randomness up front from its own generator: the mini-batch indices
-    of all its steps (one call), then their noise (one call).  Quadratic families turn the batches
-    into their statistics in one batched call when they fit in :data:`BULK_ELEMENTS`.
+    of all its steps (one call), then their noise (one call).  Quadratic and ``sufficient_statistics`` families turn
+    the batches into their statistics in one batched call when they fit in :data:`BULK_ELEMENTS`.
     """
     s, fam, K = block.settings, block.family, theta.shape[0]
     counts: list[int] = burn.tolist()
@@ -368,6 +368,7 @@ def _move(
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
     history: HistoryEstimator | None = None
     stats = None
+    at_anchor = None
     if block.batches is not None and plan is not None:
         history = minibatch(fam, block.n_prev / block.batches.batch_size)
         if s.control_variates:
@@ -378,13 +379,24 @@ def _move(
                 x, None if s.control_variates else y
             )
             stats = (A.reshape(K, S, *A.shape[1:]), c.reshape(K, S, -1) if c is not None else None)
+        elif fam.sufficient_statistics and plan.numel() * theta.shape[-1] <= BULK_ELEMENTS:
+            x, y = block.batches.rows(plan.reshape(K * S, -1))
+            flat = fam.select(torch.arange(K, device=theta.device).repeat_interleave(S))
+            T = flat.statistics(x, y)
+            stats = T.reshape(K, S, -1)
+            if s.control_variates:  # the mini-batch estimate at the anchors, every step at once
+                scale = (block.n_prev / block.batches.batch_size).to(T.dtype).repeat_interleave(S)[:, None]
+                at_anchor = flat.grad_from_statistics(anchor.repeat_interleave(S, 0), scale * T)
+                at_anchor = at_anchor.reshape(K, S, *anchor.shape[1:])
     grad_u = potential_gradient(fam, Batch(block.x, block.y), lam, history)
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
     keep_v = 1.0 - alpha
     xi = torch.sqrt(2.0 * alpha * step_size)[:, None] * noise  # ξ ~ N(0, 2αη), all steps at once
     for step in range(S):
         batch = None
-        if stats is not None:
+        if isinstance(stats, torch.Tensor):
+            batch = Batch(None, None, stats[:, step], at_anchor[:, step] if at_anchor is not None else None)
+        elif stats is not None:
             batch = Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
         elif block.batches is not None and plan is not None:
             batch = Batch(*block.batches.rows(plan[:, step]))

@@ -460,6 +460,37 @@ def test_quadratic_families_have_the_exact_fisher_diagonal_and_gradient_statisti
     torch.testing.assert_close(c0[:, None, :] - theta @ A0, stack.grad_log_prior(theta), rtol=1e-12, atol=1e-12)
 
 
+def test_sufficient_statistics_give_the_autograd_gradients_of_prior_and_likelihood() -> None:
+    """One-component gmm (a Gaussian with a normal–inverse-gamma prior): ``g(θ, T)`` from the rows' summed
+    statistics equals autograd's likelihood gradient, from the prior's pseudo-observations autograd's prior
+    gradient (log-Jacobian included), and the sampler's folded form ``g(θ, T0 + λT_C + s·T_B)`` their sum:
+    per model of a stack of different hyperparameters, in 1 and 3 dimensions."""
+    from models.base import Family
+
+    assert not make_family("gmm", {"dim": 1, "components": 2}).sufficient_statistics
+    for d in (1, 3):
+        one = {"dim": d, "components": 1}
+        fams = [
+            make_family("gmm", {**one, "variance_shape": 2.5, "variance_scale": 0.5, "mean_scale": 3.0}),
+            make_family("gmm", {**one, "mean_location": -1.5, "mean_variance_ratio": 0.5}),
+        ]
+        stack = StackedFamily(fams, torch.float64, "cpu")
+        assert stack.sufficient_statistics
+        g = torch.Generator().manual_seed(d)
+        theta = torch.randn(2, 6, 2 * d, generator=g, dtype=torch.float64)
+        yc, yb = (2.0 + torch.randn(2, n, d, generator=g, dtype=torch.float64) for n in (5, 40))
+        lik = [Family.stacked_grad_log_likelihood(fams[0], theta, None, y, stack.hp) for y in (yc, yb)]
+        prior = torch.cat([Family.stacked_grad_log_prior(f, theta[k : k + 1], stack.select(torch.tensor([k])).hp)
+                           for k, f in enumerate(fams)])  # fmt: skip
+        torch.testing.assert_close(stack.grad_from_statistics(theta, stack.statistics(None, yb)), lik[1])
+        torch.testing.assert_close(stack.grad_from_statistics(theta, stack.prior_pseudo_statistics()), prior)
+        lam, scale = torch.tensor([0.3, 0.8], dtype=torch.float64), torch.tensor([7.0, 2.5], dtype=torch.float64)
+        T = stack.prior_pseudo_statistics() + lam[:, None] * stack.statistics(None, yc)
+        folded = stack.grad_from_statistics(theta, T + scale[:, None] * stack.statistics(None, yb))
+        expected = prior + lam[:, None, None] * lik[0] + scale[:, None, None] * lik[1]
+        torch.testing.assert_close(folded, expected)
+
+
 def test_checkpoint_header_follows_a_replaced_sampler() -> None:
     """The header's encoded prefix (version, family, params, sampler) is cached per family and settings
     object; a challenger's retargeted or restored sampler (a new frozen object) shows in the next checkpoint."""
