@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -367,7 +367,7 @@ def _move(
     plan = block.batches.plan(list(gens), block.models, counts) if block.batches is not None else None
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
     history: HistoryEstimator | None = None
-    stats = None
+    stats: Any = None  # a quadratic family's (A, c) per step, or a sufficient-statistics family's T: [K, S, P]
     at_anchor = None
     if block.batches is not None and plan is not None:
         history = minibatch(fam, block.n_prev / block.batches.batch_size)
