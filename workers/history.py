@@ -185,13 +185,14 @@ class StackBatches:
         ``counts[j]`` batches with ``generators[j]`` (one ``randint`` call); the rest is zeros."""
         _, y, offsets = self.source()
         S, B = max(counts, default=0), self.batch_size
-        rows = []
-        for g, k, c in zip(generators, models, counts, strict=True):
-            idx = torch.zeros((S, B), dtype=torch.long, device=y.device)
+        out = torch.zeros((len(models), S, B), dtype=torch.long, device=y.device)
+        for j, (g, k, c) in enumerate(zip(generators, models, counts, strict=True)):
             if c and self.sizes[k]:
-                idx[:c] = torch.randint(0, self.sizes[k], (c, B), generator=g, device=y.device) + offsets[k]
-            rows.append(idx)
-        return torch.stack(rows)
+                rows = out[j, :c]  # drawn in place: the same draws as a fresh tensor of that shape
+                torch.randint(0, self.sizes[k], (c, B), generator=g, out=rows)
+                if offsets[k]:
+                    rows += offsets[k]
+        return out
 
     def rows(self, index: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The rows at ``index`` (any shape): ``(x: [*index.shape, d] | None, y: [*index.shape, ...])``."""

@@ -426,6 +426,6 @@ def _noise(generators: Sequence[torch.Generator], counts: list[int], shape: tupl
         return standard_normal(generators, (S, *shape), like)
     out = like.new_zeros((len(counts), S, *shape))
     for k, (g, c) in enumerate(zip(generators, counts, strict=True)):
-        if c:
-            out[k, :c] = standard_normal([g], (c, *shape), like)[0]
+        if c:  # drawn in place: the same draws as a fresh tensor of that shape (standard_normal)
+            torch.randn((c, *shape), generator=g, out=out[k, :c])
     return out
