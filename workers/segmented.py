@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from models.stack import StackedFamily
+from models.stack import StackedFamily, stack_key_of
 from workers import changepoint as cp
 from workers.engine import ModelEngine
 from workers.settings import SamplerSettings
@@ -88,6 +88,7 @@ class _Step:
     # challenger starts, not every block)
     states: list[Any] = field(default_factory=list)
     failed: set[int] = field(default_factory=set)  # id() of the challengers' engines that failed on the block
+    alive: list[tuple[Challenger, Any]] = field(default_factory=list)  # live challengers and their states
     spawn: Challenger | None = None  # a challenger started in this block
     spawn_k: int = 0  # its first row in the block (it absorbs rows spawn_k..)
     info: BlockInfo | None = None  # the main population's
@@ -121,18 +122,29 @@ def advance_blocks(
             out[k] = err
     live = [(k, st) for k, st in enumerate(steps) if st is not None]
     _stacked([(k, st, e, (st.xb, st.yb)) for k, st in live for e in st.jobs], out, heartbeat)
-    spawns: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]] = []
+    due: list[tuple[int, _Step, list[Any]]] = []  # the engines whose block starts a challenger, its populations
     for k, st in live:
         info = out[k]
         if isinstance(info, BlockInfo) and st.seg.cp.enabled:
             try:
-                c = st.seg._after_main(st, info)
+                states = st.seg._after_main(st, info)
             except Exception as err:
                 out[k] = err
                 continue
-            if c is not None:
-                j = st.spawn_k
-                spawns.append((k, st, c.engine, (st.xb[j:] if st.xb is not None else None, st.yb[j:])))
+            if states is not None:
+                due.append((k, st, states))
+    spawns: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]] = []
+    located = _locate_each([(st.seg, states, st.xb, st.yb) for _, st, states in due])
+    for (k, st, _), where in zip(due, located, strict=True):
+        try:
+            if isinstance(where, Exception):
+                raise where
+            c = st.seg._spawn(st, *where)
+        except Exception as err:
+            out[k] = err
+            continue
+        j = st.spawn_k
+        spawns.append((k, st, c.engine, (st.xb[j:] if st.xb is not None else None, st.yb[j:])))
     _stacked(spawns, out, heartbeat)
     for k, st in live:
         info = out[k]
@@ -162,6 +174,80 @@ def _stacked(
             out[k] = out[k] if isinstance(out[k], Exception) else res
         elif out[k] is None:
             out[k] = res[0]
+
+
+def _locate_each(
+    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
+) -> list[tuple[int, list[float]] | Exception]:
+    """:func:`_locate` of all the requests at once; if that fails, of each alone, so that the failure is that
+    engine's result (its exception) and the others are unaffected."""
+    try:
+        return list(_locate(requests))
+    except Exception:
+        out: list[tuple[int, list[float]] | Exception] = []
+        for req in requests:
+            try:
+                out += _locate([req])
+            except Exception as err:
+                out.append(err)
+        return out
+
+
+def _locate(requests: list[tuple[SegmentedEngine, list[Any], Any, Any]]) -> list[tuple[int, list[float]]]:
+    """For each ``(engine, states, xb, yb)``: where in the block a challenger started at it most probably starts,
+    and each population's log-predictive of the block's values before it (nats; ``states``: the populations'
+    states before the block, main first).
+
+    Each population's one-step predictive of every row from its particles before the block,
+    ``log p̂(y_i | y_{<f}) = logsumexp_m(log w̄_m + log p(y_i | θ_m))`` (the first annealing increment,
+    thesis eq. 4.6), gives the start ``k`` by a least-squares split (:meth:`SegmentedEngine._split`: before ``k``
+    at the segment's median per-observation log-predictive, from ``k`` at the rows' own level).
+    The populations' evidences of ``y_f … y_{f+k−1}`` are the importance estimates
+    ``logsumexp_m(log w̄_m + Σ_{i<k} log p(y_i | θ_m))``, so that a challenger started mid-block is
+    compared on exactly the observations it did not see.  Blocks of one value give ``k = 0``.
+    The likelihoods ``log p(y_i | θ_m)`` of every population of every request are evaluated in one stacked call
+    per stack key and shape (each population's values are those it gets alone).
+    """
+    rows: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}  # (request, population) -> (ll: [M, R], offset)
+    groups: dict[tuple[Any, ...], list[tuple[tuple[int, int], Any, torch.Tensor, Any, torch.Tensor, int]]] = {}
+    for r, (seg, states, xb, yb) in enumerate(requests):
+        if int(yb.shape[0]) <= 1:
+            continue
+        dtype = states[0].theta.dtype  # every population has the model's sampler settings
+        for j, st in enumerate(states):
+            xr, yr, _ = seg.family.prepare(xb, yb, st.context)
+            off = int(yb.shape[0]) - int(yr.shape[0])  # values taken into the context at the stream's start
+            x1 = xr.to(dtype) if xr is not None else None
+            key = (stack_key_of(seg.family), tuple(st.theta.shape), tuple(yr.shape), x1 is None, dtype,
+                   str(st.theta.device))  # fmt: skip
+            groups.setdefault(key, []).append(((r, j), seg.family, st.theta, x1, yr.to(dtype), off))
+    with torch.no_grad():
+        for group in groups.values():
+            dtype, device = group[0][2].dtype, group[0][2].device
+            fam = StackedFamily([g[1] for g in group], dtype, device) if len(group) > 1 else None
+            if fam is None:  # the sampler's lean evaluation, a stack of one
+                fam = StackedFamily.of(group[0][1], dtype, device)
+            x = torch.stack([g[3] for g in group]) if group[0][3] is not None else None
+            ll = fam.log_likelihood(torch.stack([g[2] for g in group]), x, torch.stack([g[4] for g in group]))
+            for i, g in enumerate(group):
+                rows[g[0]] = (ll[i], g[5])
+    out: list[tuple[int, list[float]]] = []
+    for r, (seg, states, _, yb) in enumerate(requests):
+        if int(yb.shape[0]) <= 1:
+            out.append((0, [0.0] * len(states)))
+            continue
+        prefix: list[torch.Tensor] = []
+        k = 0
+        with torch.no_grad():
+            for j, st in enumerate(states):
+                ll, off = rows[(r, j)]  # [M, R]
+                lw = st.log_w - torch.logsumexp(st.log_w, 0)
+                if j == 0:
+                    k = off + seg._split(torch.logsumexp(lw[:, None] + ll, 0))
+                n = k - off
+                prefix.append(torch.zeros(()) if n <= 0 else torch.logsumexp(lw + ll[:, :n].sum(1), 0))
+        out.append((k, [float(v) for v in prefix]))
+    return out
 
 
 class SegmentedEngine:
@@ -285,7 +371,7 @@ class SegmentedEngine:
     def _before_block(self, first: int, xb, yb) -> _Step:
         """The block's jobs before any population moves: the main population and every challenger (its ESS target
         set for the block, :meth:`_retarget`), with their states before the block (a challenger started in the
-        block is placed after it, :meth:`_locate`)."""
+        block is placed after it, :func:`_locate`)."""
         step = _Step(self, first, xb, yb)
         step.jobs.append(self.main)
         if not self.cp.enabled:
@@ -296,11 +382,11 @@ class SegmentedEngine:
         step.jobs += [c.engine for c in self.challengers]
         return step
 
-    def _after_main(self, step: _Step, info: BlockInfo) -> Challenger | None:
+    def _after_main(self, step: _Step, info: BlockInfo) -> list[Any] | None:
         """After the main population and the challengers absorbed the block: the challengers that failed are
-        dropped; a challenger is started where the block's log-predictive changes level (:meth:`_locate`) when
-        the block dropped (``spawn_z``) or reached the geometric grid; it absorbs the block from there in a second
-        stacked call.  Returns it, or None."""
+        dropped; a challenger is due when the block dropped (``spawn_z``) or reached the geometric grid.
+        Returns the live populations' states before the block (main first), where :func:`_locate` places it, or
+        None when no challenger starts."""
         step.info = info
         n = int(step.yb.shape[0])
         alive = [
@@ -315,16 +401,22 @@ class SegmentedEngine:
         first = step.first
         due = first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first)
         if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
-            k, prefix = self._locate([step.states[0]] + [s for _, s in alive], step.xb, step.yb)
-            bases = {c.start: s.log_evidence + p for (c, s), p in zip(alive, prefix[1:], strict=True)}
-            base_vars = {c.start: s.log_evidence_var for c, s in alive}
-            main = step.states[0]
-            step.spawn_k = k
-            step.spawn = self._new_challenger(
-                first + k, k, main.log_evidence + prefix[0], main.log_evidence_var, bases, base_vars, step.xb, step.yb
-            )
-            return step.spawn
+            step.alive = alive
+            return [step.states[0]] + [s for _, s in alive]
         return None
+
+    def _spawn(self, step: _Step, k: int, prefix: list[float]) -> Challenger:
+        """The challenger started at row ``k`` of the block (:func:`_locate`; ``prefix``: each live population's
+        log-predictive of the rows before it, nats); it absorbs the block from there in a second stacked call."""
+        alive = step.alive
+        bases = {c.start: s.log_evidence + p for (c, s), p in zip(alive, prefix[1:], strict=True)}
+        base_vars = {c.start: s.log_evidence_var for c, s in alive}
+        main = step.states[0]
+        step.spawn_k = k
+        step.spawn = self._new_challenger(
+            step.first + k, k, main.log_evidence + prefix[0], main.log_evidence_var, bases, base_vars, step.xb, step.yb
+        )
+        return step.spawn
 
     def _new_challenger(
         self, start: int, k: int, base: float, base_var: float, bases: dict[int, float], base_vars, xb, yb
@@ -361,42 +453,6 @@ class SegmentedEngine:
         c2 = torch.cumsum(lp * lp, 0)[:-1]
         pre = c2 - c1 * c1 / torch.arange(1, r, dtype=lp.dtype)
         return 1 + int(torch.argmin(pre + post[1:]))
-
-    def _locate(self, states: list[Any], xb, yb) -> tuple[int, list[float]]:
-        """Where in the block a challenger started at it most probably starts, and each population's
-        log-predictive of the block's values before it (nats; main engine first, then the challengers).
-
-        Each population's one-step predictive of every row from its particles before the block,
-        ``log p̂(y_i | y_{<f}) = logsumexp_m(log w̄_m + log p(y_i | θ_m))`` (the first annealing increment,
-        thesis eq. 4.6), gives the start ``k`` by a least-squares split (:meth:`_split`: before ``k`` at the
-        segment's median per-observation log-predictive, from ``k`` at the rows' own level).
-        The populations' evidences of ``y_f … y_{f+k−1}`` are the importance estimates
-        ``logsumexp_m(log w̄_m + Σ_{i<k} log p(y_i | θ_m))``, so that a challenger started mid-block is
-        compared on exactly the observations it did not see.  Blocks of one value give ``k = 0``.
-        """
-        n = int(yb.shape[0])
-        if n <= 1:
-            return 0, [0.0] * len(states)
-        fam = self.family
-        dtype = states[0].theta.dtype  # every population has the model's sampler settings
-        lean = StackedFamily.of(fam, dtype, states[0].theta.device)  # the sampler's lean evaluation, a stack of one
-        prefix: list[torch.Tensor] = []
-        k = 0
-        for j, st in enumerate(states):
-            xr, yr, _ = fam.prepare(xb, yb, st.context)
-            off = n - int(yr.shape[0])  # values taken into the context at the stream's start (no rows)
-            with torch.no_grad():
-                x1 = xr.to(dtype)[None] if xr is not None else None
-                ll = lean.log_likelihood(st.theta[None], x1, yr.to(dtype)[None])[0]  # [M, R]
-                lw = st.log_w - torch.logsumexp(st.log_w, 0)
-                if j == 0:
-                    k = off + self._split(torch.logsumexp(lw[:, None] + ll, 0))
-                rows = k - off
-                if rows <= 0:
-                    prefix.append(torch.zeros(()))
-                else:
-                    prefix.append(torch.logsumexp(lw + ll[:, :rows].sum(1), 0))
-        return k, [float(v) for v in prefix]
 
     def _after_block(self, step: _Step) -> None:
         """The change posterior after every population absorbed the block: alerts, confirmation, pruning."""
