@@ -326,8 +326,9 @@ def demo(
     timeout: float = typer.Option(
         600.0,
         "--timeout",
-        help="seconds from the command's start before reporting what is done (the full demo takes about 3–4 "
-        "minutes on 2 cores); exit code 1 if incomplete, the plots and summary then show what was absorbed",
+        help="seconds from the command's start before reporting what is done (the full demo takes about one "
+        "minute on a quiet 2-core machine, about two on a busy one); exit code 1 if incomplete, the plots and "
+        "summary then show what was absorbed",
     ),
 ) -> None:
     """Run competing models on river's seven change-point series through the service; write plots."""
