@@ -33,6 +33,7 @@ from threading import Lock
 import torch
 
 from models import Family, make_family
+from models.stack import StackedFamily, stack_key_of
 
 PROBES = 4
 PROBE_SEED = 20_260_101
@@ -40,6 +41,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _cache: OrderedDict[str, tuple[Family, torch.Tensor, torch.dtype]] = OrderedDict()
 _cache_lock = Lock()
 _CACHE_SIZE = 256
+_stacks: OrderedDict[tuple[str, ...], tuple[StackedFamily, torch.Tensor]] = OrderedDict()
+_STACKS_SIZE = 64
 
 
 def _probe(config_key: str) -> tuple[Family, torch.Tensor, torch.dtype]:
@@ -102,3 +105,66 @@ def first_nonfinite_row(cfg: dict, x: torch.Tensor | None, y: torch.Tensor) -> t
         f"log-likelihood is {what} under model {cfg['name']!r} ({cfg['family']}) at its prior draws: "
         "the value is too large (or impossible) for the model"
     )
+
+
+def _stacked_probe(keys: tuple[str, ...]) -> tuple[StackedFamily, torch.Tensor]:
+    """The stacked family and probe draws ``theta: [K, PROBES, D]`` of models with one stack key and dtype
+    (cached by their config keys: a stream's models are screened together at every chunk)."""
+    with _cache_lock:
+        hit = _stacks.get(keys)
+        if hit is not None:
+            _stacks.move_to_end(keys)
+            return hit
+    probes = [_probe(k) for k in keys]
+    dtype = probes[0][2]
+    stacked = StackedFamily([f for f, _, _ in probes], dtype, "cpu"), torch.stack([t for _, t, _ in probes])
+    with _cache_lock:
+        _stacks[keys] = stacked
+        while len(_stacks) > _STACKS_SIZE:
+            _stacks.popitem(last=False)
+    return stacked
+
+
+def first_nonfinite_row_among(configs: list[dict], x: torch.Tensor | None, y: torch.Tensor) -> tuple[int, str] | None:
+    """:func:`first_nonfinite_row` over every model of a stream: the earliest row refused by any of them (the
+    first such model in ``configs`` order names the reason), or None.
+
+    The models are screened in one stacked log-likelihood evaluation per stack key and dtype
+    (:class:`models.stack.StackedFamily`, ``[K, PROBES, B]``) rather than one evaluation per model: a stream of
+    128 models cost the API 128 evaluations per chunk (issue 9).  Each model's probes are its own fixed prior
+    draws, as in :func:`first_nonfinite_row`, so the decision is each model's own.
+    """
+    groups: dict[tuple, list[int]] = {}
+    keys = [config_key(cfg) for cfg in configs]
+    for i, key in enumerate(keys):
+        family, _, dtype = _probe(key)
+        groups.setdefault((stack_key_of(family), dtype), []).append(i)
+    worst: tuple[int, int, str] | None = None  # (row, config index, reason)
+    for members in groups.values():
+        stacked, theta = _stacked_probe(tuple(keys[i] for i in members))
+        family, dtype = stacked.family, theta.dtype
+        xm, ym = family.validate(x, y)
+        if ym.shape[0] == 0:
+            return None
+        xm = xm.to(dtype) if xm is not None else None
+        ym = ym.to(dtype)
+        if family.context_size:
+            context = ym.new_zeros((family.context_size, *ym.shape[1:]))
+            xm, ym, _ = family.prepare(xm, ym, context)
+        K = len(members)
+        xs = xm[None].expand(K, *xm.shape) if xm is not None else None
+        with torch.no_grad():
+            ll = stacked.log_likelihood(theta, xs, ym[None].expand(K, *ym.shape))  # [K, PROBES, B]
+        bad = ~torch.isfinite(ll).all(dim=1)  # [K, B]
+        if not bool(bad.any()):
+            continue
+        for k in bad.any(dim=1).nonzero()[:, 0].tolist():
+            row = int(bad[k].nonzero()[0, 0])
+            i = members[k]
+            if worst is None or (row, i) < worst[:2]:
+                value = ll[k, :, row]
+                what = "NaN" if bool(torch.isnan(value).any()) else "infinite"
+                cfg = configs[i]
+                worst = (row, i, f"log-likelihood is {what} under model {cfg['name']!r} ({cfg['family']}) at its "
+                         "prior draws: the value is too large (or impossible) for the model")  # fmt: skip
+    return None if worst is None else (worst[0], worst[2])

@@ -109,11 +109,7 @@ def validate_chunk(family: Family, body: ChunkIn, configs: list[dict[str, Any]])
             if row is not None:
                 raise ObservationError(field, "integer beyond the float range", row=row) from None
         raise ObservationError("y", "values could not be read as numbers") from None
-    worst: tuple[int, str] | None = None
-    for cfg in configs:
-        found = screening.first_nonfinite_row(cfg, x, y)
-        if found is not None and (worst is None or found[0] < worst[0]):
-            worst = found
+    worst = screening.first_nonfinite_row_among(configs, x, y)
     if worst is not None:
         raise ObservationError("y", worst[1], row=worst[0])
     return x, y

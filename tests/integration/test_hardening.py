@@ -455,6 +455,30 @@ def test_screening_is_deterministic_and_passes_ordinary_data():
     assert screening.first_nonfinite_row(f32, None, small)[0] == 1
 
 
+def test_a_streams_models_screened_together_answer_as_each_alone():
+    """The stacked screen (one evaluation per stack key and dtype) refuses the same first row, for the same model,
+    as screening each model alone; models of other stack keys and dtypes in the same call."""
+    configs = [
+        {"name": f"g{i}", "family": "gmm", "params": {"dim": 1, "components": 1, "mean_scale": 1.0 + i}, "sampler": {}}
+        for i in range(4)
+    ]
+    configs += [
+        {"name": "g32", "family": "gmm", "params": {"dim": 1, "components": 1}, "sampler": {"dtype": "float32"}},
+        {"name": "g3", "family": "gmm", "params": {"dim": 1, "components": 3}, "sampler": {}},
+    ]
+
+    def alone(y):
+        found = [(f[0], i, f[1]) for i, c in enumerate(configs) if (f := screening.first_nonfinite_row(c, None, y))]
+        return None if not found else min(found)[::2]
+
+    for values in ([0.5, -1.0, 2.0], [0.5, 1e30, 2.0, 1e200], [0.5, 2.0, 1e200, 1e30], [1e200, 0.0]):
+        y = torch.tensor(values, dtype=torch.float64)[:, None]
+        assert screening.first_nonfinite_row_among(configs, None, y) == alone(y), values
+    y = torch.tensor([0.5, 1e30], dtype=torch.float64)[:, None]
+    assert screening.first_nonfinite_row_among(configs, None, y)[0] == 1  # float32 alone refuses (1e30)²
+    assert "'g32'" in screening.first_nonfinite_row_among(configs, None, y)[1]
+
+
 def test_large_bodies_are_parsed_in_the_parsing_process(hardened, settings):
     """Bodies over 1 MiB take the out-of-process path: same acks, same 422s (with the row), over HTTP and
     over the WebSocket."""
