@@ -364,30 +364,30 @@ def _move(
     if S == 0:
         return theta, velocity
     gens = block.generators
-    plan = block.batches.plan(list(gens), block.models, counts) if block.batches is not None else None
+    B = block.batches.batch_size if block.batches is not None else 0
+    bulk = K * S * B * theta.shape[-1] <= BULK_ELEMENTS
+    whole = _whole_history(block) if bulk and fam.sufficient_statistics else [False] * K
+    draws = [0 if w else c for w, c in zip(whole, counts, strict=True)]
+    plan = block.batches.plan(list(gens), block.models, draws) if block.batches is not None and any(draws) else None
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
     history: HistoryEstimator | None = None
     stats: Any = None  # a quadratic family's (A, c) per step, or a sufficient-statistics family's T: [K, S, P]
     at_anchor = None
-    if block.batches is not None and plan is not None:
+    if block.batches is not None and fam.sufficient_statistics and bulk:
+        stats, scale, at_anchor = _statistics_per_step(block, plan, whole, S, anchor, anchor_grad, s.control_variates)
+        history = minibatch(fam, scale)
+        if at_anchor is not None:
+            history = control_variates(history, anchor, anchor_grad)
+    elif block.batches is not None and plan is not None:
         history = minibatch(fam, block.n_prev / block.batches.batch_size)
         if s.control_variates:
             history = control_variates(history, anchor, anchor_grad)
-        if fam.quadratic and plan.numel() * theta.shape[-1] <= BULK_ELEMENTS:
+        if fam.quadratic and bulk:
             x, y = block.batches.rows(plan.reshape(K * S, -1))
             A, c = fam.select(torch.arange(K, device=theta.device).repeat_interleave(S)).gradient_statistics(
                 x, None if s.control_variates else y
             )
             stats = (A.reshape(K, S, *A.shape[1:]), c.reshape(K, S, -1) if c is not None else None)
-        elif fam.sufficient_statistics and plan.numel() * theta.shape[-1] <= BULK_ELEMENTS:
-            x, y = block.batches.rows(plan.reshape(K * S, -1))
-            flat = fam.select(torch.arange(K, device=theta.device).repeat_interleave(S))
-            T = flat.statistics(x, y)
-            stats = T.reshape(K, S, -1)
-            if s.control_variates:  # the mini-batch estimate at the anchors, every step at once
-                scale = (block.n_prev / block.batches.batch_size).to(T.dtype).repeat_interleave(S)[:, None]
-                at_anchor = flat.grad_from_statistics(anchor.repeat_interleave(S, 0), scale * T)
-                at_anchor = at_anchor.reshape(K, S, *anchor.shape[1:])
     grad_u = potential_gradient(fam, Batch(block.x, block.y), lam, history)
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
     keep_v = 1.0 - alpha
@@ -417,6 +417,85 @@ def _move(
 
 #: Largest ``K · steps · |batch| · D`` for which the quadratic families' batch statistics are formed at once.
 BULK_ELEMENTS = 4_000_000
+
+
+def _whole_history(block: StackBlock) -> list[bool]:
+    """Per model: its history fits in one mini-batch (``0 < n_prev ≤ |B|``, every row held), so its history term
+    is the exact ``Σ_{y∈H} ∇ log p(y|θ)`` rather than a mini-batch estimate of it."""
+    b = block.batches
+    if b is None:
+        return [False] * len(block.models)
+    return [
+        0 < b.sizes[m] <= b.batch_size and b.sizes[m] == int(n)
+        for m, n in zip(block.models, block.n_prev.tolist(), strict=True)
+    ]
+
+
+def _statistics_per_step(
+    block: StackBlock,
+    plan: torch.Tensor | None,
+    whole: list[bool],
+    S: int,
+    anchor: torch.Tensor,
+    anchor_grad: torch.Tensor,
+    control_variates: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A ``sufficient_statistics`` family's history term for ``S`` SGHMC steps: ``(T: [K, S, P], scale: [K],
+    at_anchor: [K, S, M, D] | None)``, the step's gradient being ``g(θ, T0 + λT_C + scale·T_s)`` plus, with
+    control variates, ``G − at_anchor_s`` (:class:`~workers.gradients.ControlVariates`).
+
+    A model whose history fits in one mini-batch (``whole``) takes its exact history statistics ``T_H`` at
+    every step with ``scale`` 1: the exact gradient of the annealed target, at no more cost than a batch of
+    ``|B|`` rows drawn with replacement (``n_prev ≤ |B|``: the first ``|B|`` observations of every model and
+    every change-point challenger), and no random draws; its control-variate correction is exactly zero
+    (``at_anchor = G``).  The others draw their batches from ``plan: [K, S', |B|]`` (thesis eq. 4.14) and
+    scale them by ``n_prev/|B|``.
+    """
+    fam, batches = block.family, block.batches
+    assert batches is not None
+    K, dev = len(whole), anchor.device
+    scale = block.n_prev / batches.batch_size
+    T: torch.Tensor | None = None
+    if plan is not None:
+        S1 = plan.shape[1]
+        x, y = batches.rows(plan.reshape(K * S1, -1))
+        T = fam.statistics(x, y).reshape(K, S1, -1)
+        if S1 < S:  # models that draw have at most S1 steps; the rest are padding
+            T = torch.cat([T, T.new_zeros((K, S - S1, T.shape[-1]))], 1)
+    if any(whole):
+        exact = _history_statistics(fam, batches, [m for m, w in zip(block.models, whole, strict=True) if w])
+        rows = torch.tensor([i for i, w in enumerate(whole) if w], device=dev)
+        T_H = exact.new_zeros((K, exact.shape[-1])).index_copy(0, rows, exact)[:, None].expand(-1, S, -1)
+        mask = torch.tensor(whole, device=dev)
+        T = T_H if T is None else torch.where(mask[:, None, None], T_H, T)
+        scale = torch.where(mask, 1.0, scale)
+    assert T is not None
+    at_anchor = None
+    if control_variates and not all(whole):  # the mini-batch estimate at the anchors, every step at once
+        flat = fam.select(torch.arange(K, device=dev).repeat_interleave(S))
+        at = flat.grad_from_statistics(
+            anchor.repeat_interleave(S, 0), scale.to(T.dtype).repeat_interleave(S)[:, None] * T.reshape(K * S, -1)
+        ).reshape(K, S, *anchor.shape[1:])
+        mask = torch.tensor(whole, device=dev)[:, None, None, None]
+        at_anchor = torch.where(mask, anchor_grad[:, None], at)
+    return T, scale, at_anchor
+
+
+def _history_statistics(fam: StackedFamily, batches: StackBatches, models: list[int]) -> torch.Tensor:
+    """``T_H: [len(models), P]``, each model's summed sufficient statistics over its whole history (rows in
+    order, summed one by one: the same bits alone and in any stack); cached on ``batches`` (one block)."""
+    cache = batches.__dict__.setdefault("_whole_statistics", {})
+    missing = [m for m in models if m not in cache]
+    if missing:
+        x, y, offsets = batches.source()
+        sizes = [batches.sizes[m] for m in missing]
+        spans = zip(missing, sizes, strict=True)
+        idx = torch.cat([torch.arange(offsets[m], offsets[m] + n, device=y.device) for m, n in spans])
+        seg = torch.repeat_interleave(torch.arange(len(missing), device=y.device), torch.tensor(sizes, device=y.device))
+        per_row = fam.statistics(x[idx][:, None] if x is not None else None, y[idx][:, None])  # [N, P], one row each
+        total = per_row.new_zeros((len(missing), per_row.shape[-1])).index_add_(0, seg, per_row)
+        cache.update(zip(missing, total, strict=True))
+    return torch.stack([cache[m] for m in models])
 
 
 def _noise(generators: Sequence[torch.Generator], counts: list[int], shape: tuple[int, ...], like: torch.Tensor):

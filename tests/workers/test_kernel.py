@@ -491,6 +491,44 @@ def test_sufficient_statistics_give_the_autograd_gradients_of_prior_and_likeliho
         torch.testing.assert_close(folded, expected)
 
 
+def test_a_history_within_one_batch_gives_the_exact_gradient_and_draws_nothing() -> None:
+    """A model whose history fits in one mini-batch (``n_prev ≤ |B|``) takes the exact history statistics at
+    every SGHMC step with scale 1 and no control-variate correction, and draws no batch indices; a model of the
+    same stack with a longer history keeps its mini-batches (``n_prev/|B|``, indices from its own generator)."""
+    from workers.history import History, StackBatches
+
+    fams = [make_family("gmm", {"dim": 1, "components": 1, "mean_scale": s}) for s in (1.0, 2.0)]
+    stack = StackedFamily(fams, torch.float64, "cpu")
+    g = torch.Generator().manual_seed(0)
+    histories = []
+    for n in (37, 120):
+        h = History(seed=n)
+        h.append(None, 0.5 + torch.randn(n, 1, generator=g, dtype=torch.float64))
+        histories.append(h)
+    batches = StackBatches(histories, batch_size=50)
+    block = sgais.StackBlock(
+        generators=[torch.Generator().manual_seed(k) for k in range(2)], models=[0, 1], family=stack, x=None,
+        y=torch.zeros(2, 5, 1, dtype=torch.float64), n_prev=torch.tensor([37.0, 120.0], dtype=torch.float64),
+        batches=batches, fisher=torch.ones(2, 2, dtype=torch.float64), settings=None,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert sgais._whole_history(block) == [True, False]
+    before = [gen.get_state() for gen in block.generators]
+    plan = batches.plan(list(block.generators), block.models, [0, 3])
+    assert torch.equal(block.generators[0].get_state(), before[0])  # the whole-history model drew nothing
+    assert not torch.equal(block.generators[1].get_state(), before[1])
+    anchor, anchor_grad = torch.randn(2, 4, 2, generator=g, dtype=torch.float64), torch.zeros(2, 4, 2)
+    T, scale, at_anchor = sgais._statistics_per_step(block, plan, [True, False], 4, anchor, anchor_grad, True)
+    exact = stack.statistics(None, histories[0].y[None, :37])[0]
+    for step in range(4):
+        torch.testing.assert_close(T[0, step], exact, rtol=1e-13, atol=0.0)
+    torch.testing.assert_close(T[1, :3], stack.statistics(None, batches.rows(plan[1].reshape(3, -1))[1]))
+    assert scale.tolist() == [1.0, 120 / 50]
+    assert at_anchor is not None and torch.equal(at_anchor[0], anchor_grad[0, None].expand(4, -1, -1))
+    # every model within one batch: no control variates at all
+    whole = sgais._statistics_per_step(block, None, [True, True], 2, anchor, anchor_grad, True)
+    assert whole[2] is None and whole[1].tolist() == [1.0, 1.0]
+
+
 def test_checkpoint_header_follows_a_replaced_sampler() -> None:
     """The header's encoded prefix (version, family, params, sampler) is cached per family and settings
     object; a challenger's retargeted or restored sampler (a new frozen object) shows in the next checkpoint."""
