@@ -61,6 +61,66 @@ def unknown_noise_gaussian_gradient(theta: torch.Tensor, x: torch.Tensor, y: tor
     return torch.cat([(c3 - lin_a) * iv, 0.5 * (rss * iv - y.shape[1])], dim=-1)
 
 
+def unknown_noise_statistics(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Sufficient statistics of rows of a linear-Gaussian model with unknown noise variance, for
+    :func:`unknown_noise_gradient_from_statistics`: ``x: [K, B, D−1]``, ``y: [K, B]`` -> ``T: [K, 2D² + 2D + 2]``
+    = ``(ZᵀZ, Zᵀy, yᵀy, B, 0, 0)`` with ``z_b = [x_b, 1]`` (the last two slots, a Gaussian prior's precision
+    and precision-weighted mean, are zero for data rows)."""
+    z = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)  # [K, B, D]
+    zt = z.transpose(1, 2)
+    A = bmm(zt, z)
+    c = (zt * y[:, None, :]).sum(-1)
+    yy = (y * y).sum(-1, keepdim=True)
+    n = torch.full_like(yy, float(y.shape[1]))
+    K = A.shape[0]
+    return torch.cat([A.reshape(K, -1), c, yy, n, torch.zeros_like(A).reshape(K, -1), torch.zeros_like(c)], dim=-1)
+
+
+def unknown_noise_prior_statistics(
+    location: torch.Tensor,
+    shape: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    precision: torch.Tensor | None = None,
+    nig_precision: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``T0`` of a Gaussian prior on ``θ`` with mean ``location: [K, D]`` and ``σ² ~ InvGamma(shape, scale)``
+    (``[K, 1]`` each, log-Jacobian of ``u = log σ²`` included), for :func:`unknown_noise_gradient_from_statistics`.
+
+    ``precision: [K, D, D]``: ``θ ~ N(m₀, precision⁻¹)`` independent of σ² (the last two slots, ``P`` and
+    ``q = P m₀``; ``n = 2·shape``, ``yy = 2·scale``).  ``nig_precision``: the normal–inverse-gamma prior
+    ``θ | σ² ~ N(m₀, σ² nig_precision⁻¹)``, pseudo-observations ``ZᵀZ = nig_precision``, ``Zᵀy = nig_precision m₀``,
+    ``yy = m₀ᵀ nig_precision m₀ + 2·scale``, ``n = 2·shape + D`` (Bishop 2006, *PRML* §3.3 with unknown noise).
+    Exactly one of the two is given.
+    """
+    K, D = location.shape
+    zeros = location.new_zeros((K, D, D))
+    P, Q = (precision, zeros) if precision is not None else (zeros, nig_precision)
+    assert P is not None and Q is not None
+    c = bmm(Q, location[..., None])[..., 0]
+    yy = (location * c).sum(-1, keepdim=True) + 2.0 * scale
+    n = 2.0 * shape + (0.0 if nig_precision is None else float(D))
+    q = bmm(P, location[..., None])[..., 0]
+    return torch.cat([Q.reshape(K, -1), c, yy, n, P.reshape(K, -1), q], dim=-1)
+
+
+def unknown_noise_gradient_from_statistics(theta: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    """``g(θ, T)`` for ``theta = [θ: D, u = log σ²]: [K, M, D+1]`` and ``T = (A, c, yy, n, P, q): [K, 2D² + 2D + 2]``
+    (:func:`unknown_noise_statistics`, :func:`unknown_noise_prior_statistics`): with ``rss = yy − 2θ·c + θᵀAθ``,
+    ``∇_θ = (c − Aθ)/σ² + q − Pθ`` and ``∂_u = (rss/σ² − n)/2`` -> ``[K, M, D+1]``, linear in ``T``; for data rows
+    the gradient of :func:`unknown_noise_gaussian_gradient`."""
+    K, D = T.shape[0], theta.shape[-1] - 1
+    DD = D * D
+    A, c = T[:, :DD].reshape(K, D, D), T[:, None, DD : DD + D]
+    yy, n = T[:, None, DD + D : DD + D + 1], T[:, None, DD + D + 1 : DD + D + 2]
+    P, q = T[:, DD + D + 2 : 2 * DD + D + 2].reshape(K, D, D), T[:, None, 2 * DD + D + 2 :]
+    lin, u = theta[..., :-1], theta[..., -1:]
+    lin_a = bmm(lin, A)
+    iv = torch.exp(-u)
+    rss = yy - 2.0 * (lin * c).sum(-1, keepdim=True) + (lin * lin_a).sum(-1, keepdim=True)
+    return torch.cat([(c - lin_a) * iv + q - bmm(lin, P), 0.5 * (rss * iv - n)], dim=-1)
+
+
 def linear_gaussian_statistics(
     x: torch.Tensor, y: torch.Tensor | None, variance: torch.Tensor
 ) -> tuple[torch.Tensor, Any]:

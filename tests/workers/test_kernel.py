@@ -491,6 +491,38 @@ def test_sufficient_statistics_give_the_autograd_gradients_of_prior_and_likeliho
         torch.testing.assert_close(folded, expected)
 
 
+@pytest.mark.parametrize(
+    ("name", "params", "hyper"),
+    [
+        ("autoregressive", {"order": 2}, [{"prior_std": 0.7, "coefficient_location": 0.3, "variance_shape": 2.5},
+                                          {"intercept_location": -1.0, "variance_scale": 0.4}]),
+        ("linear_regression", {"features": 3, "noise_std": None},
+         [{"weight_variance_ratio": 0.5, "weight_location": 0.2}, {"variance_shape": 3.0, "intercept_location": 1.5}]),
+    ],
+)  # fmt: skip
+def test_unknown_noise_linear_gaussian_families_have_sufficient_statistics(name, params, hyper) -> None:
+    """AR(p) and linear regression with unknown noise: ``g(θ, T)`` from the rows' statistics equals autograd's
+    likelihood gradient and from the prior's ``T0`` autograd's prior gradient (log-Jacobian included), per model
+    of a stack of different hyperparameters; known noise stays quadratic."""
+    from models.base import Family
+
+    assert not make_family(name, {**params, "noise_std": 1.0}).sufficient_statistics
+    fams = [make_family(name, {**params, **h}) for h in hyper]
+    stack = StackedFamily(fams, torch.float64, "cpu")
+    assert stack.sufficient_statistics and not stack.quadratic
+    g = torch.Generator().manual_seed(0)
+    D = fams[0].dim
+    theta = torch.randn(2, 6, D, generator=g, dtype=torch.float64)
+    x = torch.randn(2, 30, D - 2, generator=g, dtype=torch.float64)
+    y = 1.0 + torch.randn(2, 30, generator=g, dtype=torch.float64)
+    lik = Family.stacked_grad_log_likelihood(fams[0], theta, x, y, stack.hp)
+    prior = torch.cat([Family.stacked_grad_log_prior(f, theta[k : k + 1], stack.select(torch.tensor([k])).hp)
+                       for k, f in enumerate(fams)])  # fmt: skip
+    torch.testing.assert_close(stack.grad_from_statistics(theta, stack.statistics(x, y)), lik)
+    torch.testing.assert_close(stack.grad_from_statistics(theta, stack.prior_pseudo_statistics()), prior)
+    torch.testing.assert_close(stack.grad_log_prior(theta), prior)  # the closed form agrees too
+
+
 def test_a_history_within_one_batch_gives_the_exact_gradient_and_draws_nothing() -> None:
     """A model whose history fits in one mini-batch (``n_prev ≤ |B|``) takes the exact history statistics at
     every SGHMC step with scale 1 and no control-variate correction, and draws no batch indices; a model of the
