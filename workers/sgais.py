@@ -51,7 +51,7 @@ factor to model at this precision (bench/README.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -366,14 +366,14 @@ def _move(
     gens = block.generators
     B = block.batches.batch_size if block.batches is not None else 0
     bulk = K * S * B * theta.shape[-1] <= BULK_ELEMENTS
-    whole = _whole_history(block) if bulk and fam.sufficient_statistics else [False] * K
+    whole = _whole_history(block) if fam.sufficient_statistics else [False] * K
     draws = [0 if w else c for w, c in zip(whole, counts, strict=True)]
     plan = block.batches.plan(list(gens), block.models, draws) if block.batches is not None and any(draws) else None
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
     history: HistoryEstimator | None = None
     stats: Any = None  # a quadratic family's (A, c) per step, or a sufficient-statistics family's T: [K, S, P]
     at_anchor = None
-    if block.batches is not None and fam.sufficient_statistics and bulk:
+    if block.batches is not None and fam.sufficient_statistics:
         stats, scale, at_anchor = _statistics_per_step(block, plan, whole, S, anchor, anchor_grad, s.control_variates)
         history = minibatch(fam, scale)
         if at_anchor is not None:
@@ -395,7 +395,7 @@ def _move(
     for step in range(S):
         batch = None
         if isinstance(stats, torch.Tensor):
-            batch = Batch(None, None, stats[:, step], at_anchor[:, step] if at_anchor is not None else None)
+            batch = Batch(None, None, stats[:, step], at_anchor(step) if at_anchor is not None else None)
         elif stats is not None:
             batch = Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
         elif block.batches is not None and plan is not None:
@@ -439,10 +439,11 @@ def _statistics_per_step(
     anchor: torch.Tensor,
     anchor_grad: torch.Tensor,
     control_variates: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], torch.Tensor] | None]:
     """A ``sufficient_statistics`` family's history term for ``S`` SGHMC steps: ``(T: [K, S, P], scale: [K],
-    at_anchor: [K, S, M, D] | None)``, the step's gradient being ``g(θ, T0 + λT_C + scale·T_s)`` plus, with
-    control variates, ``G − at_anchor_s`` (:class:`~workers.gradients.ControlVariates`).
+    at_anchor)``, the step's gradient being ``g(θ, T0 + λT_C + scale·T_s)`` plus, with control variates,
+    ``G − at_anchor(s)`` (:class:`~workers.gradients.ControlVariates`; ``at_anchor(s): [K, M, D]``, formed for
+    every step at once unless that exceeds :data:`BULK_ELEMENTS`; None without control variates).
 
     A model whose history fits in one mini-batch (``whole``) takes its exact history statistics ``T_H`` at
     every step with ``scale`` 1: the exact gradient of the annealed target, at no more cost than a batch of
@@ -458,8 +459,12 @@ def _statistics_per_step(
     T: torch.Tensor | None = None
     if plan is not None:
         S1 = plan.shape[1]
-        x, y = batches.rows(plan.reshape(K * S1, -1))
-        T = fam.statistics(x, y).reshape(K, S1, -1)
+        per = max(1, BULK_ELEMENTS // max(1, K * plan.shape[2] * anchor.shape[-1]))  # steps gathered at once
+        parts = []
+        for s0 in range(0, S1, per):
+            x, y = batches.rows(plan[:, s0 : s0 + per].reshape(-1, plan.shape[2]))
+            parts.append(fam.statistics(x, y).reshape(K, min(per, S1 - s0), -1))
+        T = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         if S1 < S:  # models that draw have at most S1 steps; the rest are padding
             T = torch.cat([T, T.new_zeros((K, S - S1, T.shape[-1]))], 1)
     if any(whole):
@@ -470,15 +475,21 @@ def _statistics_per_step(
         T = T_H if T is None else torch.where(mask[:, None, None], T_H, T)
         scale = torch.where(mask, 1.0, scale)
     assert T is not None
-    at_anchor = None
-    if control_variates and not all(whole):  # the mini-batch estimate at the anchors, every step at once
-        flat = fam.select(torch.arange(K, device=dev).repeat_interleave(S))
-        at = flat.grad_from_statistics(
-            anchor.repeat_interleave(S, 0), scale.to(T.dtype).repeat_interleave(S)[:, None] * T.reshape(K * S, -1)
-        ).reshape(K, S, *anchor.shape[1:])
-        mask = torch.tensor(whole, device=dev)[:, None, None, None]
-        at_anchor = torch.where(mask, anchor_grad[:, None], at)
-    return T, scale, at_anchor
+    if not control_variates or all(whole):
+        return T, scale, None
+    mask = torch.tensor(whole, device=dev)[:, None, None]
+    scaled = scale.to(T.dtype)[:, None, None] * T  # [K, S, P]
+    if K * S * anchor[0].numel() > BULK_ELEMENTS:  # one step at a time (memory)
+
+        def at_step(step: int) -> torch.Tensor:
+            return torch.where(mask, anchor_grad, fam.grad_from_statistics(anchor, scaled[:, step]))
+
+        return T, scale, at_step
+    # the mini-batch estimate at the anchors, every step at once
+    flat = fam.select(torch.arange(K, device=dev).repeat_interleave(S))
+    at = flat.grad_from_statistics(anchor.repeat_interleave(S, 0), scaled.reshape(K * S, -1))
+    at_anchor = torch.where(mask[:, None], anchor_grad[:, None], at.reshape(K, S, *anchor.shape[1:]))
+    return T, scale, lambda step: at_anchor[:, step]
 
 
 def _history_statistics(fam: StackedFamily, batches: StackBatches, models: list[int]) -> torch.Tensor:

@@ -260,7 +260,10 @@ def _before_block(
             one_step = True
     if st.theta.shape[0] > s.particles and n_prev >= s.warmup_observations:
         st = reduce_particles(m.generator, st, s.particles)
-    anchored = s.control_variates and history.size > 0
+    # a sufficient-statistics family takes its exact history gradient while the history fits in one mini-batch
+    # (workers.sgais._whole_history): anchors would go unused, so the first anchoring waits until it outgrows it
+    whole = m.family.sufficient_statistics and history.size == n_prev <= s.batch_size and st.n_anchor == 0
+    anchored = s.control_variates and history.size > 0 and not whole
     if anchored and (st.n_anchor == 0 or n_prev >= s.anchor_growth * st.n_anchor):
         # Re-anchor every particle at its current position: one pass over H, amortised O(1)
         # per observation because it happens each time the history grows by anchor_growth.
@@ -339,6 +342,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         g = family.grad_log_likelihood(new.anchor, x, y)
         new = new._replace(anchor_grad=torch.where(anchored[:, None, None], new.anchor_grad + g, new.anchor_grad))
     out: list[BlockInfo | sgais.NumericalError | None] = [None] * len(group)
+    olds = _summarised([p.state for p in group], state.log_w)  # log Ẑ before the block: the missing ones at once
     # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
     # each field's per-model views in one call (indexing K times costs K Python-level calls per field)
@@ -348,7 +352,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         if stats.error[k] is not None:
             out[k] = sgais.NumericalError(stats.error[k])
             continue
-        old = p.state
+        old = olds[k]
         st = old._replace(
             **{f: views[k] for f, views in rows.items()}, summary=sums[k], context=p.context,
             blocks=old.blocks + 1,
@@ -469,6 +473,20 @@ def change_threshold(reanneal_steps: int, dim: int) -> float:
     threshold 12 fired on stationary data; scaled it is 46.9.
     """
     return reanneal_steps * max(1.0, math.sqrt(dim / REANNEAL_REFERENCE_DIM))
+
+
+def _summarised(states: list[SGAISState], log_w: torch.Tensor) -> list[SGAISState]:
+    """``states`` with their :attr:`SGAISState.summary` set: those without a current one (a new population, a
+    defensive start, a reduced warm-up population) computed in one :func:`summaries` call over their rows of the
+    stacked ``log_w: [K, M]`` (the same values; row-wise, so the same bits as each alone)."""
+    stale = [k for k, st in enumerate(states) if st.summary is None or st.summary[0] is not st.log_w]
+    if not stale:
+        return states
+    out = list(states)
+    idx = torch.tensor(stale, device=log_w.device)
+    for k, summary in zip(stale, summaries(log_w[idx], [states[k].log_w for k in stale]), strict=True):
+        out[k] = states[k]._replace(summary=summary)
+    return out
 
 
 def _needs_score_check(m: Model, st: SGAISState) -> bool:
