@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -34,7 +35,21 @@ def main(settings: Settings | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     lifeline.watch_parent(stop)  # exit when the supervising `sgais serve` dies (SGAIS_PARENT_PID)
-    Worker(settings, stop=stop).run()
+    worker = Worker(settings, stop=stop)  # imports what torch loads on first use (warm_lazy_imports)
+    quiet_gc()
+    worker.run()
+
+
+def quiet_gc() -> None:
+    """Move everything loaded so far (torch, the service's modules: ~10⁶ objects) out of the cyclic garbage
+    collector's view (``gc.freeze``) and collect the young generation 70× less often: a round of 128 models
+    and their change-point challengers allocates tens of thousands of short-lived objects, and each full
+    collection scanned every module's objects again.  Measured (engine level, 128 gmm models with challengers,
+    20 five-observation blocks from scratch): 1.27–1.34 -> 1.17 ms CPU per model-block, as with the collector
+    off.  Reference cycles are still collected, less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 if __name__ == "__main__":
