@@ -24,6 +24,7 @@ import torch
 
 from models.conjugate import LinearRegressionEvidence
 from workers.engine import ModelEngine
+from workers.worker.loop import warm_lazy_imports
 
 D = 5
 CHUNK = 500
@@ -109,6 +110,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # what torch imports on first use (sympy; torch._dynamo with the first L-BFGS of a Laplace start: 1.5-5 s),
+    # imported up front as every worker does at start, so the first seed's first block does not time an import
+    warm_lazy_imports()
     checkpoints = [m for m in (1_000, 10_000, 100_000, 1_000_000) if m <= args.n]
     variants = VARIANTS if args.variants else {"default": {}}
     if args.sampler is not None:
