@@ -26,14 +26,14 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     MKL takes another path (gemv) for a single product with one output column, so ``K = 1`` and
     ``K ≥ 2`` would differ in the last bits; with any of ``m, k, n`` equal to 1 the product is
-    computed elementwise instead (measured: ``tests/workers/test_stack.py``).  So is a small product
-    (``m·n ≤ 36``, e.g. the ``ZᵀZ`` statistics of a quadratic family): MKL's batched product of such
-    matrices with a long inner dimension (``k`` ≳ 100) depends on the slice's position in the batch.
-    Larger products go to ``torch.bmm``, whose position dependence MKL's strict reproducibility mode removes
-    (``MKL_CBWR``, set in :mod:`models`; measured: no cost at ``[100, 10, 500] @ [100, 500, 10]``, 1.75 vs
-    1.68 ms, and ``[10, 61, 500] @ [10, 500, 61]``, 2.88 vs 2.86 ms; ``tests/models/test_reproducible.py``).
+    computed elementwise instead (measured: ``tests/workers/test_stack.py``).  Every other product goes
+    to ``torch.bmm``, whose dependence on a slice's position in the batch MKL's strict reproducibility
+    mode removes (``MKL_CBWR``, set in :mod:`models`; ``tests/models/test_reproducible.py``, small
+    ``[3, 500] @ [500, 3]`` slices included). Small products such as the ``ZᵀZ`` statistics of a
+    quadratic family were computed elementwise before that mode was set: a ``[K, D, |B|, D]`` temporary
+    per SGHMC step, 144 MB at K = 1,000, D = 6, |B| = 500 (``torch.bmm``: 3.3 ms against 76 ms there, one thread).
     """
-    if min(a.shape[-2], a.shape[-1], b.shape[-1]) == 1 or a.shape[-2] * b.shape[-1] <= 36:
+    if min(a.shape[-2], a.shape[-1], b.shape[-1]) == 1:
         return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)
     return torch.bmm(a, b)
 
