@@ -29,9 +29,7 @@ from models.densities import (
     linear_gaussian_gradient,
     normal_log_prob,
     unknown_noise_gaussian_gradient,
-    unknown_noise_gradient_from_statistics,
     unknown_noise_prior_statistics,
-    unknown_noise_statistics,
 )
 
 
@@ -142,14 +140,7 @@ class Autoregressive(LinearGaussianStatistics, Family):
 
     @property
     def sufficient_statistics(self) -> bool:  # type: ignore[override]
-        """Unknown noise: the likelihood's and the prior's gradients are one function linear in
-        ``T = (ZᵀZ, Zᵀy, yᵀy, B, P, q)`` (:func:`models.densities.unknown_noise_gradient_from_statistics`), so an
-        SGHMC step makes one gradient evaluation."""
-        return not self.known_noise
-
-    def stacked_sufficient_statistics(self, x, y):
-        """Unknown noise: ``x: [K, B, d]``, ``y: [K, B]`` -> ``T: [K, 2D² + 2D + 2]``, ``D = d + 1``."""
-        return unknown_noise_statistics(x, y)
+        return not self.known_noise  # LinearGaussianStatistics: one gradient evaluation per SGHMC step
 
     def stacked_prior_pseudo_statistics(self, hp):
         """Unknown noise: the prior as statistics ``T0`` (:func:`models.densities.unknown_noise_prior_statistics`)."""
@@ -157,9 +148,6 @@ class Autoregressive(LinearGaussianStatistics, Family):
         eye = torch.eye(m0.shape[-1], dtype=m0.dtype, device=m0.device)
         s2 = hp["prior_std"][..., None] ** 2  # [K, 1, 1]: coefficients and intercept ~ N(m₀, s²), whatever σ²
         return unknown_noise_prior_statistics(m0, hp["variance_shape"], hp["variance_scale"], precision=eye / s2)
-
-    def stacked_grad_from_statistics(self, theta, T):
-        return unknown_noise_gradient_from_statistics(theta, T)
 
     def prior_location(self, hp: dict[str, torch.Tensor]) -> torch.Tensor:
         """``m₀: [K, p+1]``, the prior mean of (coefficients, intercept) of each model of a stack."""

@@ -152,11 +152,21 @@ def gaussian_prior_statistics(std: torch.Tensor, D: int) -> tuple[torch.Tensor, 
 
 
 class LinearGaussianStatistics:
-    """Mixin of the families whose log-likelihood is quadratic in the parameters (Gaussian noise of known
-    variance ``hp["noise_std"]²``, Gaussian prior of std ``hp["prior_std"]``): the block statistics, prior
-    statistics and exact Fisher diagonal the stacked kernel's closed-form gradients use."""
+    """Mixin of the linear-Gaussian families (linear regression, AR(p)). With known noise (``known_noise``)
+    the log-likelihood is quadratic in the parameters (noise variance ``hp["noise_std"]²``, Gaussian prior of
+    std ``hp["prior_std"]``): the block statistics, prior statistics and exact Fisher diagonal the stacked
+    kernel's closed-form gradients use. With unknown noise the gradients are one function linear in the
+    sufficient statistics ``T = (ZᵀZ, Zᵀy, yᵀy, B, P, q)`` (:func:`unknown_noise_gradient_from_statistics`);
+    each family gives its prior as pseudo-statistics (``stacked_prior_pseudo_statistics``)."""
 
     dim: int
+
+    def stacked_sufficient_statistics(self, x, y):
+        """Unknown noise: ``x: [K, B, d]``, ``y: [K, B]`` -> ``T: [K, 2D² + 2D + 2]``, ``D = d + 1``."""
+        return unknown_noise_statistics(x, y)
+
+    def stacked_grad_from_statistics(self, theta, T):
+        return unknown_noise_gradient_from_statistics(theta, T)
 
     def stacked_gradient_statistics(self, x, y, hp):
         return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)

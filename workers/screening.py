@@ -69,6 +69,22 @@ def config_key(cfg: dict) -> str:
     return json.dumps([cfg["family"], cfg["params"], cfg.get("sampler", {}).get("dtype", "float64")], sort_keys=True)
 
 
+def _layout(
+    family: Family, x: torch.Tensor | None, y: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+    """The stream's values as ``family`` reads them (validated, in ``dtype``, an AR family's first rows given a
+    zero context): ``(x: [B, d] | None, y: [B, ...])``, or None for an empty chunk."""
+    xm, ym = family.validate(x, y)
+    if ym.shape[0] == 0:
+        return None
+    xm = xm.to(dtype) if xm is not None else None
+    ym = ym.to(dtype)
+    if family.context_size:
+        context = ym.new_zeros((family.context_size, *ym.shape[1:]))
+        xm, ym, _ = family.prepare(xm, ym, context)
+    return xm, ym
+
+
 def first_nonfinite_row(cfg: dict, x: torch.Tensor | None, y: torch.Tensor) -> tuple[int, str] | None:
     """The first row of a validated chunk whose log-likelihood under the model ``cfg`` is not finite.
 
@@ -85,14 +101,10 @@ def first_nonfinite_row(cfg: dict, x: torch.Tensor | None, y: torch.Tensor) -> t
         ``row`` 0-based in the chunk.
     """
     family, theta, dtype = _probe(config_key(cfg))
-    xm, ym = family.validate(x, y)  # this family's layout of the stream's values
-    if ym.shape[0] == 0:
+    layout = _layout(family, x, y, dtype)
+    if layout is None:
         return None
-    xm = xm.to(dtype) if xm is not None else None
-    ym = ym.to(dtype)
-    if family.context_size:
-        context = ym.new_zeros((family.context_size, *ym.shape[1:]))
-        xm, ym, _ = family.prepare(xm, ym, context)
+    xm, ym = layout
     with torch.no_grad():
         ll = family.log_likelihood(theta, xm, ym)  # [PROBES, B]
     bad = ~torch.isfinite(ll).all(dim=0)
@@ -142,15 +154,10 @@ def first_nonfinite_row_among(configs: list[dict], x: torch.Tensor | None, y: to
     worst: tuple[int, int, str] | None = None  # (row, config index, reason)
     for members in groups.values():
         stacked, theta = _stacked_probe(tuple(keys[i] for i in members))
-        family, dtype = stacked.family, theta.dtype
-        xm, ym = family.validate(x, y)
-        if ym.shape[0] == 0:
+        layout = _layout(stacked.family, x, y, theta.dtype)
+        if layout is None:
             return None
-        xm = xm.to(dtype) if xm is not None else None
-        ym = ym.to(dtype)
-        if family.context_size:
-            context = ym.new_zeros((family.context_size, *ym.shape[1:]))
-            xm, ym, _ = family.prepare(xm, ym, context)
+        xm, ym = layout
         K = len(members)
         xs = xm[None].expand(K, *xm.shape) if xm is not None else None
         with torch.no_grad():
