@@ -23,7 +23,8 @@ class SamplerSettings(BaseModel):
         ge=2,
         le=1_000_000,
         description="particles while the posterior is still wide (before warmup_observations); "
-        "reduced to `particles` by resampling afterwards. null = always `particles`",
+        "reduced to `particles` by resampling afterwards; re-annealing replays run at this size too. "
+        "null = always `particles`",
     )
     warmup_observations: int = Field(
         2000, ge=0, description="observations absorbed before the warm-up particles are reduced"
