@@ -476,6 +476,45 @@ class Family(ABC):
         """Exact empirical Fisher diagonal ``[K, D]`` (``quadratic`` families; see ``workers.fisher``)."""
         raise NotImplementedError(f"{self.name} has no exact Fisher diagonal")
 
+    # ----- label symmetry -------------------------------------------------------------------------
+    #: Largest number of label permutations :meth:`label_orbit` enumerates (6! = 720).
+    MAX_LABEL_PERMUTATIONS: ClassVar[int] = 720
+
+    def exchangeable_parameters(self) -> tuple[str, ...]:
+        """The parameters whose leading axis indexes components that the prior and the likelihood treat
+        alike (a mixture's labels): permuting that axis of all of them together changes neither, so the
+        posterior has ``C!`` symmetric modes.  Empty (the default): no label symmetry."""
+        return ()
+
+    def label_orbit(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``theta: [M, D]`` under every permutation of the exchangeable components.
+
+        Returns ``(orbit: [P, M, D], log_det: [P, M])``, ``P = C!`` with the identity first, and the
+        log-|J| of :meth:`ParameterSpace.constrain` at each permuted point (a permutation is a volume-
+        preserving map of the constrained parameters, not of the unconstrained ones: the simplex's
+        stick-breaking coordinates change non-linearly).  None when the family has no label symmetry
+        or ``C! > MAX_LABEL_PERMUTATIONS``.
+        """
+        names = self.exchangeable_parameters()
+        if not names:
+            return None
+        values, _ = self.space.constrain(theta)
+        C, M = values[names[0]].shape[1], theta.shape[0]
+        if math.factorial(C) > self.MAX_LABEL_PERMUTATIONS:
+            return None
+        perms = torch.tensor(list(itertools.permutations(range(C))), device=theta.device)  # [P, C]
+        P = perms.shape[0]
+        permuted = {}
+        for name, v in values.items():
+            if name in names:  # [M, C, ...] -> [P, M, C, ...] -> [P·M, C, ...]
+                v = v[:, perms].movedim(1, 0)
+            else:
+                v = v[None].expand(P, *v.shape)
+            permuted[name] = v.reshape(P * M, *v.shape[2:])
+        orbit = self.space.unconstrain(permuted)
+        _, log_det = self.space.constrain(orbit)
+        return orbit.reshape(P, M, -1), log_det.reshape(P, M)
+
     # ----- one model (a stack of one) -----------------------------------------------------------
     @property
     def dim(self) -> int:

@@ -74,6 +74,11 @@ class GaussianMixture(Family):
             ParameterSpec("variances", (K, d), constraints.positive),
         ]
 
+    def exchangeable_parameters(self) -> tuple[str, ...]:
+        """Weights, means and variances share one component axis; the symmetric Dirichlet and the common
+        per-component priors make the labels exchangeable (``components!`` posterior modes)."""
+        return ("weights", "means", "variances") if self.params.components > 1 else ()
+
     def observation_schema(self) -> dict[str, Any]:
         d = self.params.dim
         return {"x": None, "y": [] if d == 1 else [d], "y_type": "real", "classes": None}
