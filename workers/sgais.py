@@ -315,7 +315,7 @@ def _step_sizes(
     cap = 1.0 / (n_target[:, None] * block.fisher)
     eta = s.learning_rate[:, None] * torch.minimum(PRECONDITIONER_SLACK * posterior_var, cap)
     D, M = theta.shape[-1], theta.shape[1]
-    if 1 < D and 4 * D <= M:
+    if 1 < D and 4 * D <= M and not block.family.family.exchangeable_parameters():
         eta = eta * _correlation_factor(theta, log_w)[:, None]
     return posterior_var, eta[:, None, :].to(theta.dtype)
 
@@ -329,7 +329,10 @@ def _correlation_factor(theta: torch.Tensor, log_w: torch.Tensor) -> torch.Tenso
     correlated coordinates (a slope and an intercept with covariates far from 0: ρ = −0.87 for
     x ~ U(0, 20) gives 4·lr·7.7; issue 10).  This factor bounds it by ``8·lr`` and is 1 (the bits
     unchanged) whenever ``λ_min(R) ≥ 1/2``.  Formed only when the covariance is well estimated
-    (``M ≥ 4D``).
+    (``M ≥ 4D``), and not for a family with exchangeable components (a mixture): its particles spread over
+    the ``C!`` label modes, so their correlation measures how far apart the modes lie, not the curvature of
+    any one of them (bench/reference.py's 5-component gmm, ``D = 24``, with 100 particles: ``λ_min → 0``
+    stopped the moves and the first block's log Z came out 20–140 nats low).
     """
     W = torch.softmax(log_w, -1)[..., None]
     t = theta.to(torch.float64)

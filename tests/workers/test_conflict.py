@@ -235,3 +235,22 @@ def test_the_symmetrised_proposal_is_normalised(monkeypatch: pytest.MonkeyPatch)
     assert start is not None
     w = torch.exp(start[1])
     assert abs(float(w.mean()) - 1.0) < 4 * float(w.std()) / math.sqrt(M), float(w.mean())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_mixture_with_many_particles_keeps_moving_between_label_modes(seed: int) -> None:
+    """A 3-component mixture (D = 8) with 40 particles (M ≥ 4D, where the step sizes' correlation factor
+    applies to other families): three clusters 12 sds apart, 180 observations in blocks of 60, annealed from
+    the prior.  The particles spread over the 3! label modes, whose separation made the particle correlation
+    matrix singular and the factor stopped the moves (errors −2.9, −26.3, −18.8 nats for seeds 0–2); with
+    the factor off for exchangeable components the errors are 0.01, −0.53, −0.42.  Tolerance 2 nats: about
+    4× the largest error measured with the fix, below the smallest without it."""
+    rng = np.random.default_rng(0)
+    groups = [rng.normal(mu, 0.5, 60) for mu in (-6.0, 0.0, 6.0)]
+    y = np.concatenate(groups)
+    rng.shuffle(y)
+    e = ModelEngine("gmm", {"dim": 1, "components": 3}, {"seed": seed, "particles": 40, "warmup_particles": 40})
+    for start in range(0, 180, 60):
+        e.update(None, y[start : start + 60].tolist())
+    assert abs(e.log_evidence - _separated_mixture_log_evidence(groups)) < 2.0
+    assert e.degraded is None
