@@ -486,14 +486,16 @@ class Family(ABC):
         posterior has ``C!`` symmetric modes.  Empty (the default): no label symmetry."""
         return ()
 
-    def label_orbit(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``theta: [M, D]`` under every permutation of the exchangeable components.
+    def label_orbit(self, theta: torch.Tensor) -> torch.Tensor | None:
+        """``theta: [M, D]`` under every permutation of the exchangeable components: ``[P, M, D]``,
+        ``P = C!``, the identity first.  None when the family has no label symmetry or
+        ``C! > MAX_LABEL_PERMUTATIONS``.
 
-        Returns ``(orbit: [P, M, D], log_det: [P, M])``, ``P = C!`` with the identity first, and the
-        log-|J| of :meth:`ParameterSpace.constrain` at each permuted point (a permutation is a volume-
-        preserving map of the constrained parameters, not of the unconstrained ones: the simplex's
-        stick-breaking coordinates change non-linearly).  None when the family has no label symmetry
-        or ``C! > MAX_LABEL_PERMUTATIONS``.
+        The components are permuted in the constrained parameters and mapped back (the simplex's
+        stick-breaking coordinates change non-linearly).  A family's transforms must leave the log-|J| of
+        :meth:`ParameterSpace.constrain` unchanged under the permutation (per-component transforms and the
+        stick-breaking simplex do: ``tests/models/test_label_symmetry.py``), so that a permutation preserves
+        volume in the unconstrained space too.
         """
         names = self.exchangeable_parameters()
         if not names:
@@ -511,9 +513,7 @@ class Family(ABC):
             else:
                 v = v[None].expand(P, *v.shape)
             permuted[name] = v.reshape(P * M, *v.shape[2:])
-        orbit = self.space.unconstrain(permuted)
-        _, log_det = self.space.constrain(orbit)
-        return orbit.reshape(P, M, -1), log_det.reshape(P, M)
+        return self.space.unconstrain(permuted).reshape(P, M, -1)
 
     # ----- one model (a stack of one) -----------------------------------------------------------
     @property

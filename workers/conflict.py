@@ -28,8 +28,8 @@ Gaussian is symmetrised: each draw's labels are permuted uniformly at random and
 replaced by its average over the ``C!`` permutations (:func:`_symmetrised_log_prob`); without that, ``q``
 covers one mode and ``log Ẑ`` comes out about ``log C!`` low.  Beyond ``Family.MAX_LABEL_PERMUTATIONS``
 (more than 6 components) no Laplace start is taken: annealing from the prior, whose draws are symmetric,
-with the score check below.  The kernel then anneals the block in unchanged: ``log w += Δ ℓ`` (eq. 4.13), so after
-the block ``Ẑ = mean(p(θ_i) p(C|θ_i) / q(θ_i))`` — plain importance sampling of the block's evidence
+with the score check below.  The kernel then anneals the block in unchanged: ``log w += Δ ℓ`` (eq. 4.13), so
+after the block ``Ẑ = mean(p(θ_i) p(C|θ_i) / q(θ_i))`` — plain importance sampling of the block's evidence
 (Robert & Casella 2004, eq. 3.8), unbiased, whose variance is small when ``q`` is close to the
 posterior (the Laplace approximation is exact for the linear-Gaussian families).  The decision uses
 the data and the prior draws only, never the estimate, so it does not bias ``Ẑ``.
@@ -236,8 +236,8 @@ def defensive_start(
     if symmetric:
         orbit = family.label_orbit(from_gauss)
         assert orbit is not None
-        pick = torch.randint(orbit[0].shape[0], (M,), generator=generator, device=prior_draws.device)
-        from_gauss = orbit[0][pick, torch.arange(M, device=pick.device)]
+        pick = torch.randint(orbit.shape[0], (M,), generator=generator, device=prior_draws.device)
+        from_gauss = orbit[pick, torch.arange(M, device=pick.device)]
     theta = torch.where((u < DEFENSIVE_WEIGHT)[:, None], from_prior, from_gauss)
     with torch.no_grad():
         log_p = family.log_prior(theta)
@@ -255,20 +255,18 @@ def _symmetrised_log_prob(
 ) -> torch.Tensor:
     """``log q_sym(θ): [M]`` of the Laplace Gaussian ``g`` with its labels permuted uniformly at random.
 
-    Drawing ``θ₀ ~ g`` and permuting the components of its constrained parameters ``φ₀ = C(θ₀)`` by a
-    uniform ``σ`` (volume-preserving in ``φ``) gives, in the unconstrained space with ``J = |det ∂C/∂θ|``,
-    ``q_sym(θ) = (1/P) Σ_σ g(θ_σ) J(θ) / J(θ_σ)`` over the ``P = C!`` points ``θ_σ`` of θ's orbit
-    (:meth:`models.base.Family.label_orbit`).  One Gaussian covers one of a mixture's ``C!`` symmetric
-    posterior modes, so without the symmetrisation the importance-sampling estimate misses the other
-    ``C! − 1``: ``log Ẑ`` about ``log C!`` low (4.8 nats for 5 components, measured on bench/reference.py's
-    mixture: first block −2,519.7 against −2,514.8 annealed from the prior).
+    Drawing ``θ₀ ~ g`` and permuting the components of its constrained parameters by a uniform ``σ`` gives
+    ``q_sym(θ) = (1/P) Σ_σ g(θ_σ)`` over the ``P = C!`` points ``θ_σ`` of θ's orbit
+    (:meth:`models.base.Family.label_orbit`): the permutation preserves volume in the constrained space, and
+    the transform's log-|J| is the same at every point of an orbit, so in the unconstrained space too.
+    One Gaussian covers one of a mixture's ``C!`` symmetric posterior modes, so without the symmetrisation
+    the importance-sampling estimate misses the other ``C! − 1``: ``log Ẑ`` about ``log C!`` low (4.8 nats
+    for 5 components, measured on bench/reference.py's mixture: first block −2,519.7 against −2,514.8
+    annealed from the prior).
     """
     orbit = family.label_orbit(theta)
     assert orbit is not None
-    points, log_det = orbit
-    _, log_det_theta = family.space.constrain(theta)
-    terms = gauss.log_prob(points) + log_det_theta[None] - log_det  # [P, M]
-    return torch.logsumexp(terms, 0) - math.log(points.shape[0])
+    return torch.logsumexp(gauss.log_prob(orbit), 0) - math.log(orbit.shape[0])  # [P, M] -> [M]
 
 
 def score_offsets(

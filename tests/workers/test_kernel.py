@@ -357,7 +357,7 @@ def test_a_replay_keeps_the_warmup_population_to_its_end(monkeypatch: pytest.Mon
     ``warmup_observations``, and the running population comes back at ``particles`` (6): with the running
     size, the replay's log-evidence over a long history has a large downward bias (Jensen) and misses modes
     (thesis stream, gmm-7 at 10 particles: a replay at n = 83,500 moved log Z by -345 nats; bench/README)."""
-    sizes: list[tuple[int, int]] = []
+    sizes: list[tuple[int, int, int]] = []
     reduce = stacking.reduce_particles
 
     def spy(generator, state, M):
