@@ -123,7 +123,9 @@ def test_idle_models_keep_their_leases_through_a_long_pass(api, settings):
         assert api.post("/v1/streams/t/chunks", json=first).status_code == 202
         wait_until(lambda: api.get("/v1/models/idle/evidence").json()["chunks_processed"] == 1, timeout=300)
         token = r.get(keys.lease("default", "idle"))
-        chunks = linear_chunks(36, 300, seed=5)  # 4.1 s of work on a quiet 2-core machine (12 chunks: 2.75 s)
+        # 120 chunks: 4.2 s of work on a quiet 2-core machine, twice the precondition below (36 chunks took
+        # 1.997 s on one and failed it; the work must outlast 2 TTLs on the fastest machine it meets)
+        chunks = linear_chunks(120, 300, seed=5)
         t0 = time.monotonic()
         for c in chunks:
             assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
