@@ -37,16 +37,19 @@ def main() -> None:
     ref = json.loads((RESULTS / f"is_logistic_{args.n}.json").read_text())["log_z"]
     x, y = logistic_data(args.n, 10, 4, DATA_SEED)
     xt, yt = torch.as_tensor(x), torch.as_tensor(y, dtype=torch.float64)
-    errors, start = [], time.perf_counter()
+    errors, ses, start = [], [], time.perf_counter()
     for seed in range(args.seeds):
         eng = ModelEngine("logistic_regression", {"features": 10, "classes": 4}, {**args.sampler, "seed": seed})
         for i in range(0, args.n, CHUNK):
             eng.update(xt[i : i + CHUNK], yt[i : i + CHUNK])
         errors.append(eng.log_evidence - ref)
-    e = np.array(errors)
+        ses.append(eng.log_evidence_se)
+    e, se = np.array(errors), np.array(ses)
     print(
         f"sampler {json.dumps(args.sampler)} n={args.n}: mean {e.mean():+.2f} sd {e.std(ddof=1):.2f} "
-        f"per seed {np.round(e, 2).tolist()} ({(time.perf_counter() - start) / args.seeds:.1f} s per run)"
+        f"per seed {np.round(e, 2).tolist()}; reported log_evidence_se mean {se.mean():.2f}, "
+        f"|error| > 2 SE in {(np.abs(e) > 2 * se).sum()}/{len(e)} "
+        f"({(time.perf_counter() - start) / args.seeds:.1f} s per run)"
     )
 
 

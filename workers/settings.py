@@ -112,7 +112,8 @@ class SamplerSettings(BaseModel):
         ge=0,
         le=10_000,
         description="SGHMC steps per annealing step for blocks within reanneal_horizon of a change, where the "
-        "posterior keeps moving and burn_in steps lag it (bench/README.md); null = burn_in",
+        "posterior keeps moving and burn_in steps lag it (bench/README.md), and the cap of the warm-up's "
+        "burn_in · sqrt(D/4) for D parameters (workers.stacking.warmup_burn_in); null = burn_in throughout",
     )
     seed: int = Field(
         0, ge=0, lt=2**63, description="seed of the model's torch.Generator (checkpointed with the state)"
