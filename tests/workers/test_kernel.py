@@ -598,3 +598,30 @@ def test_checkpoint_header_follows_a_replaced_sampler() -> None:
     header = json.loads(_metadata(eng.to_bytes())["sgais"])
     assert header["sampler"]["ess_target"] == 0.5
     assert ModelEngine.from_bytes(eng.to_bytes()).settings == eng.settings
+
+
+@pytest.mark.parametrize(("features", "change_burn_in"), [(1, 30), (15, 30), (15, 8), (15, None)])
+def test_warmup_burn_in_grows_with_the_dimension_up_to_change_burn_in(
+    monkeypatch: pytest.MonkeyPatch, features: int, change_burn_in: int | None
+) -> None:
+    """In the warm-up a model with D parameters takes ceil(burn_in·sqrt(D/4)) SGHMC steps per annealing step, at
+    most ``change_burn_in`` and at least ``burn_in`` (D <= 4 keeps ``burn_in``); after the warm-up, and with
+    ``change_burn_in`` null, ``burn_in`` (the logistic 10^3 bias of bench/README.md, "Warm-up burn-in")."""
+    seen: list[tuple[int, int]] = []  # (observations before the block, its burn-in)
+    run_stack = stacking._run_stack
+
+    def spy(group, heartbeat):
+        seen.extend((p.state.history.seen, p.burn_in) for p in group)
+        return run_stack(group, heartbeat)
+
+    monkeypatch.setattr(stacking, "_run_stack", spy)
+    x, y = linear_data(500, d=features)
+    sampler = {**SMALL, "change_burn_in": change_burn_in, "reanneal_steps": None}
+    e = ModelEngine("linear_regression", {"features": features}, sampler)
+    e.update(x, y)
+    dim = e.state.theta.shape[-1]
+    warm = 4 if change_burn_in is None else max(4, min(change_burn_in, math.ceil(4 * math.sqrt(dim / 4))))
+    assert [n for n, _ in seen] == [0, 100, 200, 300, 400]
+    assert seen == [(n, warm if n < 300 else 4) for n, _ in seen]
+    if features > 1 and change_burn_in == 30:
+        assert warm == math.ceil(4 * math.sqrt(dim / 4)) > 4  # the rule itself, not its cap, decided
