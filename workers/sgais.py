@@ -289,7 +289,10 @@ def tempered_step(
         mean = (torch.logsumexp(log_w[rows], -1) - math.log(M))[:, None].expand(-1, M)
         log_w = log_w.index_copy(0, rows, mean.contiguous())
     burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
-    theta, velocity = _move(block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn)
+    theta, velocity = _move(
+        block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
+        variance=posterior_var,
+    )  # fmt: skip
     failed |= ~torch.isfinite(theta).all(-1).all(-1) | (theta.abs().amax((1, 2)) > DIVERGED)
     new = StackState(theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)
     return new, StepInfo(delta, ess_now, resample, failed)
@@ -314,10 +317,19 @@ def _step_sizes(
     posterior_var = weighted_variance(theta, log_w, floor=posterior_var / 4)
     cap = 1.0 / (n_target[:, None] * block.fisher)
     eta = s.learning_rate[:, None] * torch.minimum(PRECONDITIONER_SLACK * posterior_var, cap)
-    D, M = theta.shape[-1], theta.shape[1]
-    if 1 < D and 4 * D <= M and not block.family.family.exchangeable_parameters():
+    if _full_eligible(block, theta):  # the diagonal fallback of _move's full preconditioner
         eta = eta * _correlation_factor(theta, log_w)[:, None]
     return posterior_var, eta[:, None, :].to(theta.dtype)
+
+
+def _full_eligible(block: StackBlock, theta: torch.Tensor) -> bool:
+    """Whether the stack's moves use a full preconditioner (:func:`_full_preconditioner`): preconditioning on,
+    ``1 < D`` and ``4·D ≤ M`` (the particles estimate a D × D covariance), and no exchangeable components (a
+    mixture's particles spread over its ``C!`` label modes: their covariance is the modes' separation, not the
+    posterior's shape; bench/reference.py's 5-component gmm stopped moving under issue 10's factor).  The
+    stack key fixes all of them, so a model takes the same path alone or in any stack."""
+    D, M = theta.shape[-1], theta.shape[1]
+    return block.settings.preconditioning and 1 < D and 4 * D <= M and not block.family.family.exchangeable_parameters()
 
 
 def _correlation_factor(theta: torch.Tensor, log_w: torch.Tensor) -> torch.Tensor:
@@ -344,6 +356,94 @@ def _correlation_factor(theta: torch.Tensor, log_w: torch.Tensor) -> torch.Tenso
     return torch.nan_to_num(2.0 * lam_min, nan=1.0).clamp(0.0, 1.0)
 
 
+def _eigenvalues(A: torch.Tensor) -> torch.Tensor:
+    """Ascending eigenvalues of the symmetric ``A: [K, D, D]``, NaN for a model whose matrix is not finite or whose
+    decomposition fails (each model on its own then: a failure never depends on the rest of the stack)."""
+    finite = torch.isfinite(A).all(-1).all(-1)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    try:
+        vals = torch.linalg.eigvalsh(torch.where(finite[:, None, None], A, eye))
+    except RuntimeError:  # torch.linalg.LinAlgError
+        rows = []
+        for a in A:
+            try:
+                rows.append(torch.linalg.eigvalsh(a if bool(torch.isfinite(a).all()) else eye))
+            except RuntimeError:
+                rows.append(torch.full((A.shape[-1],), math.nan, dtype=A.dtype, device=A.device))
+        vals = torch.stack(rows)
+    return torch.where(finite[:, None], vals, math.nan)
+
+
+def _full_preconditioner(
+    theta: torch.Tensor, log_w: torch.Tensor, grad_u: torch.Tensor, variance: torch.Tensor, learning_rate: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(P, L): [K, D, D]`` with ``P = L Lᵀ = κ·Σ_γ``, and ``ok: [K]`` (False where it could not be formed):
+    the SGHMC preconditioner of a stack whose particles ``theta: [K, M, D]`` (weights ``log_w: [K, M]``,
+    potential gradients ``grad_u: [K, M, D]`` at the step's temperature, per-coordinate variances
+    ``variance: [K, D]`` with their floor) estimate a covariance.
+
+    ``Σ_γ = diag(sd)·R_γ·diag(sd)``, with ``R_γ = (1 − γ)·R̂ + γ·I`` the weighted particle correlation shrunk
+    towards the identity with Ledoit & Wolf's intensity (2004, "A well-conditioned estimator for
+    large-dimensional covariance matrices", J. Multivariate Anal. 88) for the standardised particles ``u_m``,
+    ``Σ w_m²`` in place of ``1/M``: ``γ = min(b̄², d²)/d²``, ``d² = ‖R̂ − I‖²_F``, ``b̄² = Σ_m w_m² ‖u_m u_mᵀ − R̂‖²_F``
+    (near 1 when the particles cannot tell their correlation from sampling noise).  SGHMC with
+    ``v ← (1 − α)v − P∇U + N(0, 2αP)`` is SGHMC in the coordinates ``L⁻¹θ`` (Chen et al. 2014, §3.2), where a
+    correlated posterior is round: the moves go along a ridge as fast as across it.  The diagonal preconditioner
+    with issue 10's factor ``min(1, 2·λ_min(R̂))`` stopped them there: AR(1) with an intercept on a persistent
+    series has ``ρ(a, c) ≈ 0.995``, so its steps were × 0.01, the particles lagged the contracting posterior
+    (noise variance a posterior sd too high) and the running log-evidence lost 0.3–0.6 nats per 5-observation
+    block with status ``ok`` (``python bench/ar_real_data.py``: Apple's price −9.50 nats at 11.8 reported SE,
+    Brent −11.35; now −1.74 and −1.11).
+
+    Used only where ``λ_min(R̂) < 1/2``, where issue 10's factor would slow the diagonal; elsewhere ``ok`` is
+    False and the diagonal keeps its bits.  Everywhere, it did worse: in a first block annealed from the prior the
+    measured curvature is dominated by particles in a prior's stiff tail (``log σ²`` under an inverse-gamma) and
+    ``κ`` fell to 1% of ``lr``; a one-component gmm's log Ẑ over 20 observations then spread 1.47 nats over 128
+    seeds against 0.21 with the diagonal (``tests/workers/test_error_bars.py``).
+
+    ``κ = lr·min(1, 2/λ)``, ``λ`` the largest eigenvalue of ``Σ_γ·H`` with the curvature ``H`` measured from
+    the gradients, ``H = sym(Cov_w(∇U, θ)·Σ̂⁻¹)`` (``Σ̂`` the unshrunk weighted covariance): for a quadratic
+    potential ``∇U = H(θ − μ)``, so this is exact whatever the particles.  Particles matching the tempered target
+    give ``λ ≈ 1`` and ``P ≈ lr·H⁻¹``, the thesis's step ``lr/n`` for unit curvature per observation; particles
+    wider than the target in some direction shrink ``κ`` so that ``κ·λ ≤ 2·lr``, inside SGHMC's stability
+    region ``η·h < 2(2 − α)``.  This replaces the diagonal's per-coordinate caps ``1/(n·f_d)`` and ``4·Var_d``,
+    which a ridge breaks (its marginal variances are ``1/(1 − ρ²)`` times the conditional ones).  ``4·lr`` in
+    place of ``lr`` was tried: linear regression d = 5 at n = 10⁴ then ended −1.83 ± 0.78 nats (16 seeds)
+    against −1.01 with the diagonal and −0.88 with ``lr`` (``python bench/accuracy.py --n 10000 --seeds 16``).
+    """
+    W = torch.softmax(log_w.to(torch.float64), -1)[..., None]  # [K, M, 1]
+    t, g = theta.to(torch.float64), grad_u.to(torch.float64)
+    tc, gc = t - (W * t).sum(1, keepdim=True), g - (W * g).sum(1, keepdim=True)
+    sd = torch.sqrt(torch.maximum((W * tc * tc).sum(1), variance))  # [K, D]
+    u = tc / sd[:, None, :]
+    R = (W * u).transpose(1, 2) @ u  # [K, D, D]
+    eye = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device)
+    d2 = ((R - eye) ** 2).sum((1, 2))
+    # ‖u uᵀ − R‖²_F = ‖u‖⁴ − 2·uᵀRu + ‖R‖²_F, without the [K, M, D, D] outer products
+    per = (u * u).sum(-1) ** 2 - 2.0 * ((u @ R) * u).sum(-1) + (R * R).sum((1, 2))[:, None]
+    b2 = torch.minimum((W[..., 0] ** 2 * per).sum(-1), d2)
+    gamma = torch.where(d2 > 0, b2 / d2.clamp_min(1e-300), 1.0).clamp(1e-6, 1.0)
+    cov = sd[:, :, None] * ((1.0 - gamma)[:, None, None] * R + gamma[:, None, None] * eye) * sd[:, None, :]
+    chol, info = torch.linalg.cholesky_ex(cov)
+    # only where the correlation would slow the diagonal (issue 10's factor below 1)
+    ok = (info == 0) & torch.isfinite(chol).all(-1).all(-1) & (_eigenvalues(R)[:, 0] < 0.5)
+    chol = torch.where(ok[:, None, None], chol, eye)  # a model that fails keeps the caller's diagonal
+    # the curvature H = Cov_w(∇U, θ)·Σ̂⁻¹ (exact for a quadratic potential, whatever the particles), then the
+    # largest eigenvalue of Lᵀ H L = that of Σ_γ·H
+    sigma = (W * tc).transpose(1, 2) @ tc
+    sigma = sigma + 1e-12 * torch.diag_embed(torch.diagonal(sigma, 0, 1, 2).clamp_min(1e-300))
+    cross = (W * gc).transpose(1, 2) @ tc  # Cov_w(∇U, θ): [K, D, D]
+    hess = torch.linalg.solve(sigma, cross.transpose(1, 2)).transpose(1, 2)
+    hess = 0.5 * (hess + hess.transpose(1, 2))
+    lam = _eigenvalues(chol.transpose(1, 2) @ hess @ chol)[:, -1]
+    shrink = torch.where(lam > 2.0, 2.0 / lam, 1.0)
+    kappa = learning_rate.to(torch.float64) * shrink
+    ok &= torch.isfinite(lam) & torch.isfinite(kappa)
+    kappa = torch.where(ok, kappa, 0.0)
+    P, L = kappa[:, None, None] * cov, torch.sqrt(kappa)[:, None, None] * chol
+    return P.to(theta.dtype), L.to(theta.dtype), ok
+
+
 def _move(
     block: StackBlock,
     theta: torch.Tensor,
@@ -354,6 +454,8 @@ def _move(
     lam: torch.Tensor,
     step_size: torch.Tensor,
     burn: torch.Tensor,
+    log_w: torch.Tensor,
+    variance: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``burn: [K]`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54).
 
@@ -394,28 +496,76 @@ def _move(
     grad_u = potential_gradient(fam, Batch(block.x, block.y), lam, history)
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
     keep_v = 1.0 - alpha
-    xi = torch.sqrt(2.0 * alpha * step_size)[:, None] * noise  # ξ ~ N(0, 2αη), all steps at once
-    for step in range(S):
-        batch = None
+
+    def batch_at(step: int) -> Batch | None:
         if isinstance(stats, torch.Tensor):
-            batch = Batch(None, None, stats[:, step], at_anchor(step) if at_anchor is not None else None)
-        elif stats is not None:
-            batch = Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
-        elif block.batches is not None and plan is not None:
-            batch = Batch(*block.batches.rows(plan[:, step]))
+            return Batch(None, None, stats[:, step], at_anchor(step) if at_anchor is not None else None)
+        if stats is not None:
+            return Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
+        if block.batches is not None and plan is not None:
+            return Batch(*block.batches.rows(plan[:, step]))
+        return None
+
+    first = grad_u(theta, batch_at(0))
+
+    def run(step_size: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _sghmc_steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, counts)
+
+    diagonal_xi = torch.sqrt(2.0 * alpha * step_size)[:, None] * noise  # ξ ~ N(0, 2αη), all steps at once
+    if not _full_eligible(block, theta):
+        return run(step_size, diagonal_xi)
+    # P = L Lᵀ: ξ = √(2α)·L·N(0, I) from the same draws, the drift P∇U; per model, the full preconditioner or
+    # the diagonal (where P could not be formed)
+    P, L, use = _full_preconditioner(theta, log_w, first, variance, s.learning_rate)
+    use &= block.n_prev >= theta.shape[-1]  # not on a prior population (D observations identify D parameters)
+    if not bool(use.any()):
+        return run(step_size, diagonal_xi)
+    diagonal = torch.diag_embed(step_size[:, 0, :])
+    full_xi = torch.sqrt(2.0 * alpha)[:, None] * (noise @ L.transpose(1, 2)[:, None])
+    th, v = run(
+        torch.where(use[:, None, None], P, diagonal), torch.where(use[:, None, None, None], full_xi, diagonal_xi)
+    )
+    # a model whose full-preconditioned moves took a particle further than RUNAWAY_SD of the population's own sd
+    # (in any coordinate) redoes them with the diagonal, from the same draws: the average curvature that sized
+    # its step missed a stiffer region (Bitcoin's 2017 bubble under AR(1): the noise variance moves by orders of
+    # magnitude within a few blocks)
+    far = ((th - theta).abs() / variance.sqrt().to(theta.dtype)[:, None, :]).amax((1, 2))
+    redo = use & ~(far <= RUNAWAY_SD)
+    if bool(redo.any()):
+        step_size = torch.where((use & ~redo)[:, None, None], P, diagonal)
+        th2, v2 = run(step_size, torch.where((use & ~redo)[:, None, None, None], full_xi, diagonal_xi))
+        th, v = torch.where(redo[:, None, None], th2, th), torch.where(redo[:, None, None], v2, v)
+    return th, v
+
+
+def _sghmc_steps(
+    theta: torch.Tensor,
+    velocity: torch.Tensor,
+    first: torch.Tensor,
+    grad_u: Callable[[torch.Tensor, Batch | None], torch.Tensor],
+    batch_at: Callable[[int], Batch | None],
+    xi: torch.Tensor,
+    step_size: torch.Tensor,
+    keep_v: torch.Tensor,
+    counts: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``max(counts)`` SGHMC steps (``first``: the gradient at ``theta``, ``xi: [K, S, M, D]`` the noise); model
+    ``k`` stops after ``counts[k]`` of them."""
+    for step in range(max(counts, default=0)):
         new_theta, new_velocity = sghmc_step(
-            theta,
-            velocity,
-            grad_u(theta, batch),
-            xi[:, step],
-            step_size=step_size,
-            momentum_keep=keep_v,
-        )
+            theta, velocity, first if step == 0 else grad_u(theta, batch_at(step)), xi[:, step],
+            step_size=step_size, momentum_keep=keep_v,
+        )  # fmt: skip
         if any(b <= step for b in counts):  # some models have finished their moves: they stay where they are
             keep = torch.tensor([b <= step for b in counts], device=theta.device)[:, None, None]
             new_theta, new_velocity = torch.where(keep, theta, new_theta), torch.where(keep, velocity, new_velocity)
         theta, velocity = new_theta, new_velocity
     return theta, velocity
+
+
+#: Full-preconditioned moves that carry a particle further than this many of the population's sd are redone with
+#: the diagonal (:func:`_move`); a valid move of burn_in SGHMC steps at κ·λ ≤ 8·lr stays within a few.
+RUNAWAY_SD = 20.0
 
 
 #: Largest ``K · steps · |batch| · D`` for which the quadratic families' batch statistics are formed at once.

@@ -40,8 +40,11 @@ def sghmc_step(
     ``step_size`` is η (thesis eq. 2.53), ``[K, 1, D]`` for a constant diagonal preconditioner
     ``η_d = η·P_d`` (SGHMC with mass matrix ``P⁻¹``, Chen et al. 2014 §3.2:
     ``v ← (1−α)v − η P ∇U + N(0, 2αη P)``; no correction term since ``P`` does not depend on
-    ``θ`` during the chain) or ``[K, 1, 1]``.  ``momentum_keep`` is ``1 − α`` (α the momentum decay), ``[K, 1, 1]``.
+    ``θ`` during the chain) or ``[K, 1, 1]``, or a full preconditioner ``η·P`` as ``[K, D, D]`` (``D > 1``;
+    :func:`workers.sgais._full_preconditioner`, with ``xi`` drawn from ``N(0, 2αηP)``).
+    ``momentum_keep`` is ``1 − α`` (α the momentum decay), ``[K, 1, 1]``.
     ``xi`` is the injected noise, already scaled: ``√(2αη) · N(0, 1)``.
     """
-    velocity = momentum_keep * velocity - step_size * grad_u + xi
+    drift = grad_u @ step_size if step_size.shape[1] > 1 else step_size * grad_u  # a full P: [K, D, D]
+    velocity = momentum_keep * velocity - drift + xi
     return theta + velocity, velocity
