@@ -414,9 +414,10 @@ def _full_preconditioner(
     W = torch.softmax(log_w.to(torch.float64), -1)[..., None]  # [K, M, 1]
     t, g = theta.to(torch.float64), grad_u.to(torch.float64)
     tc, gc = t - (W * t).sum(1, keepdim=True), g - (W * g).sum(1, keepdim=True)
-    sd = torch.sqrt(torch.maximum((W * tc * tc).sum(1), variance))  # [K, D]
-    u = tc / sd[:, None, :]
-    R = (W * u).transpose(1, 2) @ u  # [K, D, D]
+    own = (W * tc * tc).sum(1)  # [K, D]
+    u = tc / torch.sqrt(own.clamp_min(1e-300))[:, None, :]
+    R = (W * u).transpose(1, 2) @ u  # the particles' own correlation: [K, D, D]
+    sd = torch.sqrt(torch.maximum(own, variance))  # with the step sizes' floor (a population collapsed by resampling)
     eye = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device)
     d2 = ((R - eye) ** 2).sum((1, 2))
     # ‖u uᵀ − R‖²_F = ‖u‖⁴ − 2·uᵀRu + ‖R‖²_F, without the [K, M, D, D] outer products
