@@ -273,7 +273,7 @@ def tempered_step(
     s, M = block.settings, state.log_w.shape[1]
     log_w = state.log_w + torch.nan_to_num(delta[:, None] * log_lik, neginf=-math.inf)
     failed = torch.isnan(log_w).any(-1) | ~torch.isfinite(torch.logsumexp(log_w, -1))
-    posterior_var, step_size = _step_sizes(block, state.theta, log_w, state.posterior_var, lam)
+    posterior_var, step_size, correlated = _step_sizes(block, state.theta, log_w, state.posterior_var, lam)
     ess_now = ess(log_w)
     resample = (s.resample_threshold > 0) & (ess_now < s.resample_threshold * M) & ~failed
     theta, velocity, anchor, anchor_grad = state.theta, state.velocity, state.anchor, state.anchor_grad
@@ -291,7 +291,7 @@ def tempered_step(
     burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
     theta, velocity = _move(
         block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
-        variance=posterior_var,
+        variance=posterior_var, correlated=correlated,
     )  # fmt: skip
     failed |= ~torch.isfinite(theta).all(-1).all(-1) | (theta.abs().amax((1, 2)) > DIVERGED)
     new = StackState(theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)
@@ -300,8 +300,10 @@ def tempered_step(
 
 def _step_sizes(
     block: StackBlock, theta: torch.Tensor, log_w: torch.Tensor, posterior_var: torch.Tensor, lam: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(posterior_var: [K, D], η: [K, 1, D] or [K, 1, 1])`` at temperatures ``lam: [K]``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(posterior_var: [K, D], η: [K, 1, D] or [K, 1, 1], correlated: [K] bool or None)`` at ``lam: [K]``;
+    ``correlated``: where issue 10's factor slows the diagonal (``λ_min(R) < 1/2``), for :func:`_move`'s full
+    preconditioner (None where the stack is not :func:`_full_eligible`).
 
     ``η_d = lr · min(4·Var_d, 1/(n·f_d))``: the thesis's lr/n unless coordinate d's posterior is
     more than 4× narrower than unit curvature per observation would make it; then η_d·curvature_d ≤
@@ -313,13 +315,15 @@ def _step_sizes(
     n_target = block.n_prev + lam * B if s.annealed_schedule else block.n_prev + B
     n_target = torch.clamp_min(n_target, 1.0)
     if not s.preconditioning:
-        return posterior_var, (s.learning_rate / n_target)[:, None, None].to(theta.dtype)
+        return posterior_var, (s.learning_rate / n_target)[:, None, None].to(theta.dtype), None
     posterior_var = weighted_variance(theta, log_w, floor=posterior_var / 4)
     cap = 1.0 / (n_target[:, None] * block.fisher)
     eta = s.learning_rate[:, None] * torch.minimum(PRECONDITIONER_SLACK * posterior_var, cap)
-    if _full_eligible(block, theta):  # the diagonal fallback of _move's full preconditioner
-        eta = eta * _correlation_factor(theta, log_w)[:, None]
-    return posterior_var, eta[:, None, :].to(theta.dtype)
+    correlated = None
+    if _full_eligible(block, theta):  # the diagonal, and where the factor slows it, _move's full preconditioner
+        factor = _correlation_factor(theta, log_w)
+        eta, correlated = eta * factor[:, None], factor < 1.0
+    return posterior_var, eta[:, None, :].to(theta.dtype), correlated
 
 
 def _full_eligible(block: StackBlock, theta: torch.Tensor) -> bool:
@@ -395,8 +399,8 @@ def _full_preconditioner(
     block with status ``ok`` (``python bench/ar_real_data.py``: Apple's price −9.50 nats at 11.8 reported SE,
     Brent −11.35; now −1.74 and −1.11).
 
-    Used only where ``λ_min(R̂) < 1/2``, where issue 10's factor would slow the diagonal; elsewhere ``ok`` is
-    False and the diagonal keeps its bits.  Everywhere, it did worse: in a first block annealed from the prior the
+    :func:`_move` uses it only where ``λ_min(R̂) < 1/2``, where issue 10's factor would slow the diagonal;
+    elsewhere the diagonal keeps its bits.  Everywhere, it did worse: in a first block annealed from the prior the
     measured curvature is dominated by particles in a prior's stiff tail (``log σ²`` under an inverse-gamma) and
     ``κ`` fell to 1% of ``lr``; a one-component gmm's log Ẑ over 20 observations then spread 1.47 nats over 128
     seeds against 0.21 with the diagonal (``tests/workers/test_error_bars.py``).
@@ -426,8 +430,7 @@ def _full_preconditioner(
     gamma = torch.where(d2 > 0, b2 / d2.clamp_min(1e-300), 1.0).clamp(1e-6, 1.0)
     cov = sd[:, :, None] * ((1.0 - gamma)[:, None, None] * R + gamma[:, None, None] * eye) * sd[:, None, :]
     chol, info = torch.linalg.cholesky_ex(cov)
-    # only where the correlation would slow the diagonal (issue 10's factor below 1)
-    ok = (info == 0) & torch.isfinite(chol).all(-1).all(-1) & (_eigenvalues(R)[:, 0] < 0.5)
+    ok = (info == 0) & torch.isfinite(chol).all(-1).all(-1)
     chol = torch.where(ok[:, None, None], chol, eye)  # a model that fails keeps the caller's diagonal
     # the curvature H = Cov_w(∇U, θ)·Σ̂⁻¹ (exact for a quadratic potential, whatever the particles), then the
     # largest eigenvalue of Lᵀ H L = that of Σ_γ·H
@@ -457,6 +460,7 @@ def _move(
     burn: torch.Tensor,
     log_w: torch.Tensor,
     variance: torch.Tensor,
+    correlated: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``burn: [K]`` SGHMC steps per model on ``Û`` at ``lam`` (eq. 4.14; 2.52–2.54).
 
@@ -513,12 +517,14 @@ def _move(
         return _sghmc_steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, counts)
 
     diagonal_xi = torch.sqrt(2.0 * alpha * step_size)[:, None] * noise  # ξ ~ N(0, 2αη), all steps at once
-    if not _full_eligible(block, theta):
+    # not on a prior population: D observations identify D parameters
+    gate = None if correlated is None else correlated & (block.n_prev >= theta.shape[-1])
+    if gate is None or not bool(gate.any()):
         return run(step_size, diagonal_xi)
     # P = L Lᵀ: ξ = √(2α)·L·N(0, I) from the same draws, the drift P∇U; per model, the full preconditioner or
     # the diagonal (where P could not be formed)
     P, L, use = _full_preconditioner(theta, log_w, first, variance, s.learning_rate)
-    use &= block.n_prev >= theta.shape[-1]  # not on a prior population (D observations identify D parameters)
+    use &= gate
     if not bool(use.any()):
         return run(step_size, diagonal_xi)
     diagonal = torch.diag_embed(step_size[:, 0, :])

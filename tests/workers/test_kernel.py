@@ -654,7 +654,7 @@ def test_full_preconditioner_is_stable_and_moves_along_a_ridge() -> None:
     matches the particles) and s = 10 (ten times narrower): the preconditioned curvature P·H stays within
     κ·λ ≤ 2·lr (the measured H = Cov(∇U, θ)·Σ̂⁻¹ is exact for a quadratic potential), and along the ridge
     (Σ's wide eigenvector) the step is a sizeable fraction of lr·Σ, where the diagonal with issue 10's factor
-    min(1, 2·λ_min(R)) ≈ 0.02 moved 50 times less; an uncorrelated population keeps the diagonal (ok False)."""
+    min(1, 2·λ_min(R)) ≈ 0.02 moved 50 times less; an uncorrelated population keeps the diagonal (factor 1)."""
     g = torch.Generator().manual_seed(0)
     sd = torch.tensor([2.0, 0.5], dtype=torch.float64)
     cov = torch.tensor([[1.0, 0.99], [0.99, 1.0]], dtype=torch.float64) * sd.outer(sd)
@@ -670,4 +670,4 @@ def test_full_preconditioner_is_stable_and_moves_along_a_ridge() -> None:
         along = (wide @ P[0] @ wide / (0.1 * wide @ cov @ wide)).item()
         assert along > (0.3 if s == 1.0 else 0.3 / s), along
     uncorrelated = torch.randn(1, 400, 2, generator=g, dtype=torch.float64)
-    assert not bool(sgais._full_preconditioner(uncorrelated, log_w, uncorrelated, var, lr)[2][0])
+    assert sgais._correlation_factor(uncorrelated, log_w).item() == 1.0  # _move's gate: the diagonal there
