@@ -336,6 +336,15 @@ def _full_eligible(block: StackBlock, theta: torch.Tensor) -> bool:
     return block.settings.preconditioning and 1 < D and 4 * D <= M and not block.family.family.exchangeable_parameters()
 
 
+def _weighted_covariance(theta: torch.Tensor, log_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(W: [K, M, 1], θ − θ̄: [K, M, D], Σ̂: [K, D, D])``: the normalised weights, the centred particles and
+    their weighted covariance, float64."""
+    W = torch.softmax(log_w.to(torch.float64), -1)[..., None]
+    t = theta.to(torch.float64)
+    c = t - (W * t).sum(1, keepdim=True)
+    return W, c, (W * c).transpose(1, 2) @ c
+
+
 def _correlation_factor(theta: torch.Tensor, log_w: torch.Tensor) -> torch.Tensor:
     """``min(1, 2·λ_min(R)) : [K]`` with ``R`` the weighted particle correlation matrix of ``theta: [K, M, D]``.
 
@@ -350,10 +359,7 @@ def _correlation_factor(theta: torch.Tensor, log_w: torch.Tensor) -> torch.Tenso
     any one of them (bench/reference.py's 5-component gmm, ``D = 24``, with 100 particles: ``λ_min → 0``
     stopped the moves and the first block's log Z came out 20–140 nats low).
     """
-    W = torch.softmax(log_w, -1)[..., None]
-    t = theta.to(torch.float64)
-    c = t - (W * t).sum(1, keepdim=True)
-    cov = (W * c).transpose(1, 2) @ c  # [K, D, D]
+    _, _, cov = _weighted_covariance(theta, log_w)
     sd = torch.sqrt(torch.diagonal(cov, dim1=1, dim2=2).clamp_min(1e-300))
     R = cov / (sd[:, :, None] * sd[:, None, :])
     lam_min = torch.linalg.eigvalsh(R)[:, 0]
@@ -396,8 +402,8 @@ def _full_preconditioner(
     with issue 10's factor ``min(1, 2·λ_min(R̂))`` stopped them there: AR(1) with an intercept on a persistent
     series has ``ρ(a, c) ≈ 0.995``, so its steps were × 0.01, the particles lagged the contracting posterior
     (noise variance a posterior sd too high) and the running log-evidence lost 0.3–0.6 nats per 5-observation
-    block with status ``ok`` (``python bench/ar_real_data.py``: Apple's price −9.50 nats at 11.8 reported SE,
-    Brent −11.35; now −1.74 and −1.11).
+    block with status ``ok`` (``python bench/ar_real_data.py --seeds 4``: Apple's price −17.6 ± 13.2 nats,
+    Brent −12.8 ± 5.0; with this preconditioner −1.6 ± 0.6 and −1.4 ± 1.0).
 
     :func:`_move` uses it only where ``λ_min(R̂) < 1/2``, where issue 10's factor would slow the diagonal;
     elsewhere the diagonal keeps its bits.  Everywhere, it did worse: in a first block annealed from the prior the
@@ -412,12 +418,13 @@ def _full_preconditioner(
     wider than the target in some direction shrink ``κ`` so that ``κ·λ ≤ 2·lr``, inside SGHMC's stability
     region ``η·h < 2(2 − α)``.  This replaces the diagonal's per-coordinate caps ``1/(n·f_d)`` and ``4·Var_d``,
     which a ridge breaks (its marginal variances are ``1/(1 − ρ²)`` times the conditional ones).  ``4·lr`` in
-    place of ``lr`` was tried: linear regression d = 5 at n = 10⁴ then ended −1.83 ± 0.78 nats (16 seeds)
-    against −1.01 with the diagonal and −0.88 with ``lr`` (``python bench/accuracy.py --n 10000 --seeds 16``).
+    place of ``lr`` was tried (without the gates above): linear regression d = 5 at n = 10⁴ then ended
+    −1.83 ± 0.78 nats (16 seeds) against −1.01 with the diagonal and −1.05 ± 0.95 with ``lr`` and the gates
+    (``python bench/accuracy.py --n 10000 --seeds 16``).
     """
-    W = torch.softmax(log_w.to(torch.float64), -1)[..., None]  # [K, M, 1]
-    t, g = theta.to(torch.float64), grad_u.to(torch.float64)
-    tc, gc = t - (W * t).sum(1, keepdim=True), g - (W * g).sum(1, keepdim=True)
+    W, tc, sigma = _weighted_covariance(theta, log_w)
+    g = grad_u.to(torch.float64)
+    gc = g - (W * g).sum(1, keepdim=True)
     own = (W * tc * tc).sum(1)  # [K, D]
     u = tc / torch.sqrt(own.clamp_min(1e-300))[:, None, :]
     R = (W * u).transpose(1, 2) @ u  # the particles' own correlation: [K, D, D]
@@ -434,7 +441,6 @@ def _full_preconditioner(
     chol = torch.where(ok[:, None, None], chol, eye)  # a model that fails keeps the caller's diagonal
     # the curvature H = Cov_w(∇U, θ)·Σ̂⁻¹ (exact for a quadratic potential, whatever the particles), then the
     # largest eigenvalue of Lᵀ H L = that of Σ_γ·H
-    sigma = (W * tc).transpose(1, 2) @ tc
     sigma = sigma + 1e-12 * torch.diag_embed(torch.diagonal(sigma, 0, 1, 2).clamp_min(1e-300))
     cross = (W * gc).transpose(1, 2) @ tc  # Cov_w(∇U, θ): [K, D, D]
     hess = torch.linalg.solve(sigma, cross.transpose(1, 2)).transpose(1, 2)
@@ -571,7 +577,8 @@ def _sghmc_steps(
 
 
 #: Full-preconditioned moves that carry a particle further than this many of the population's sd are redone with
-#: the diagonal (:func:`_move`); a valid move of burn_in SGHMC steps at κ·λ ≤ 8·lr stays within a few.
+#: the diagonal (:func:`_move`); a valid move of burn_in SGHMC steps at κ·λ ≤ 2·lr stays within a few.  On
+#: ``bench/ar_real_data.py`` (one seed) 65 of 870 full-preconditioned moves were redone.
 RUNAWAY_SD = 20.0
 
 
