@@ -43,8 +43,12 @@ discrepancies, Gorham & Mackey 2015, eq. 2).  For the weighted particles, per co
 (``sd_d`` the weighted particle standard deviation).  For a Gaussian ``π = N(m, σ²)`` and particles
 around ``m'`` with spread ``sd``: ``c = sd²/σ²`` and ``δ = (m' − m)/σ``, the population's offset in
 posterior standard deviations.  A block whose particles' scores nearly all point one way
-(``|s_d| > SCORE_T·rms_d``) with ``|δ_d| > SCORE_Z`` is not certified: the model becomes ``degraded``
-with the reason (:func:`score_check`).  Checked while the history is small (the warm-up), where prior–data conflict
+(``|s_d| > SCORE_T·rms_d``) with ``|δ_d| > SCORE_Z`` is not certified, and so is one whose particles spread
+far wider than the posterior, ``λ_max(C) > SCORE_C`` with ``C = −Σ_i W_i (θ_i − θ̄)(∇ log π(θ_i))ᵀ``, the matrix of
+the ``c_d`` (:func:`spread_ratio`; a sampler that does not mix at its step size: SGHMC without
+preconditioning on an AR(1) posterior left clouds 6–60 posterior sds wide, ``c`` = 40–4,000, and log-evidence
+errors of −30 to −3,900 nats while the weights' ESS looked healthy); the model becomes ``degraded`` with the
+reason (:func:`score_check`).  Checked while the history is small (the warm-up), where prior–data conflict
 bites and the exact gradient over the history costs no more than one re-anchoring pass.
 """
 
@@ -75,6 +79,11 @@ FULL_HESSIAN_DIM = 200
 SCORE_Z = 3.0
 #: ... and the particles' mean score is at least this fraction of its root mean square (all scores one way).
 SCORE_T = 0.95
+#: ... and the particles spread at most √SCORE_C times wider than the posterior in every direction
+#: (:func:`spread_ratio`, the squared ratio; measured where ESS ≥ 4D).  Under ``π`` it is 1 up to a Monte Carlo
+#: error of order √(D/ESS): at most 2.6 over every warm-up block of bench/ar_real_data.py's 13 columns (Bitcoin,
+#: flagged by the offset check, 4.0); 1.5·10³–4.5·10⁴ where SGHMC without preconditioning failed there.
+SCORE_C = 20.0
 
 
 class Laplace(NamedTuple):
@@ -286,13 +295,40 @@ def score_offsets(
     return delta, c, s / rms.clamp_min(1e-300)
 
 
+def spread_ratio(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+    """``[...]``: the largest eigenvalue (real part) of ``C = −Σ_i W_i (θ_i − θ̄)(∇ log π(θ_i))ᵀ``, the matrix form of
+    the ``c_d`` of :func:`score_offsets`, for particles ``theta: [..., M, D]``, ``log_w: [..., M]`` and scores
+    ``score: [..., M, D]``; NaN where the weights' ESS is below ``4D`` (too few particles to estimate a D×D matrix)
+    or ``C`` is not finite.
+
+    Under ``π``, ``C = I`` (Stein's identity, module docstring).  For a Gaussian ``π`` with precision ``H`` and
+    particles with covariance ``Σ``, ``C = ΣH``: its largest eigenvalue is the squared ratio of the cloud's spread to
+    the posterior's in the direction where the cloud is widest.  Unlike the diagonal ``c_d``, its Monte Carlo error
+    does not grow along a ridge: ``C`` is similar to the same matrix in whitened coordinates (``θ = m + Az``,
+    ``∇_θ = A⁻ᵀ∇_z``, so ``C_θ = A C_z A⁻¹``), whose entries have errors ``O(1/√ESS)``."""
+    W = torch.softmax(log_w.to(torch.float64), -1)
+    t, g = theta.to(torch.float64), score.to(torch.float64)
+    dt = t - (W[..., None] * t).sum(-2, keepdim=True)
+    C = -(W[..., None] * dt).transpose(-1, -2) @ g  # [..., D, D]
+    D = C.shape[-1]
+    usable = torch.isfinite(C).all(-1).all(-1) & (ess(log_w.to(torch.float64)) >= 4 * D)
+    eye = torch.eye(D, dtype=C.dtype, device=C.device)
+    C = torch.where(usable[..., None, None], C, eye)
+    try:
+        vals = torch.linalg.eigvals(C).real.amax(-1)
+    except RuntimeError:  # torch.linalg.LinAlgError: no answer for the stack, none claimed
+        return torch.full(usable.shape, math.nan, dtype=C.dtype, device=C.device)
+    return torch.where(usable, vals, math.nan)
+
+
 def score_check(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) -> str | None:
     """None when the weighted particles pass the score check (module docstring), else the reason.
 
     Coordinate ``d`` fails when the particles' scores nearly all point the same way, ``|t_d| > SCORE_T``
     (``|t_d| ≤ 1`` always; under ``π`` it is ``O(1/√ESS)``), and the offset is large, ``|δ_d| > SCORE_Z``,
     or not measurable (``c_d ≤ 0``: with correlated coordinates the diagonal of ``Cov·H`` need not be
-    positive for a cloud that does not match ``π``).  ``theta: [M, D]``, ``log_w: [M]``, ``score: [M, D]``.
+    positive for a cloud that does not match ``π``); or when the particles spread far wider than the
+    posterior in some direction, ``spread_ratio > SCORE_C``.  ``theta: [M, D]``, ``log_w: [M]``, ``score: [M, D]``.
     """
     return score_checks(theta[None], log_w[None], score[None])[0]
 
@@ -302,13 +338,23 @@ def score_checks(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) 
     ``score: [K, M, D]``; one reason (or None) per model, from one batched evaluation."""
     delta, c, t = score_offsets(theta, log_w, score)
     broken = ~((torch.isfinite(delta) | (c <= 0)).all(-1) & torch.isfinite(t).all(-1))
-    bad = (t.abs() > SCORE_T) & ((c <= 0) | (delta.abs() > SCORE_Z))
+    offset = (t.abs() > SCORE_T) & ((c <= 0) | (delta.abs() > SCORE_Z))
+    ratio = spread_ratio(theta, log_w, score)
+    wide = ratio > SCORE_C  # NaN (not measurable) passes
     out: list[str | None] = [None] * theta.shape[0]
-    for k in torch.nonzero(broken | bad.any(-1)).flatten().tolist():
+    for k in torch.nonzero(broken | offset.any(-1) | wide).flatten().tolist():
         if broken[k]:
             out[k] = "the posterior score is not finite at the particles; the evidence is not certified"
             continue
-        worst = float(torch.where(c[k] > 0, delta[k].abs(), torch.inf)[bad[k]].max())
+        if not offset[k].any():
+            out[k] = (
+                f"the particles spread {math.sqrt(float(ratio[k])):.3g} times wider than the posterior (score "
+                f"check, Stein's identity: limit {math.sqrt(SCORE_C):.3g}): the moves do not mix at their step "
+                "size; the evidence is not certified"
+            )
+            continue
+        bad = offset[k]
+        worst = float(torch.where(c[k] > 0, delta[k].abs(), torch.inf)[bad].max())
         out[k] = (
             f"the particles sit {worst:.3g} posterior standard deviations from where the posterior score vanishes "
             f"(score check, limits |t| {SCORE_T:g}, |δ| {SCORE_Z:g}): likely prior-data conflict; the evidence is "

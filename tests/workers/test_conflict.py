@@ -254,3 +254,47 @@ def test_a_mixture_with_many_particles_keeps_moving_between_label_modes(seed: in
         e.update(None, y[start : start + 60].tolist())
     assert abs(e.log_evidence - _separated_mixture_log_evidence(groups)) < 2.0
     assert e.degraded is None
+
+
+def test_spread_ratio_is_one_under_the_posterior_along_a_ridge_and_large_for_a_wide_cloud() -> None:
+    """workers.conflict.spread_ratio: 200 exact draws of π = N(0, Σ) with correlation 0.995 between two of three
+    coordinates (score −Σ⁻¹θ).  Under π the matrix C = −Cov(θ, ∇ log π) is I up to entries with standard error
+    √(2/200) = 0.1 in whitened coordinates (its eigenvalues do not depend on the coordinates), so λ_max ≤ 1 + ‖E‖ ≈
+    1.35; 2 leaves room.  The diagonal c_d alone on this ridge has errors ~ 1/(1 − ρ²) ≈ 100 times larger.  A cloud
+    10 times wider than π along one direction gives λ_max ≈ 100, far beyond SCORE_C; below ESS 4D: not measured."""
+    g = torch.Generator().manual_seed(1)
+    cov = torch.tensor([[1.0, 0.995, 0.0], [0.995, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    prec = torch.linalg.inv(cov)
+    draws = torch.randn(200, 3, generator=g, dtype=torch.float64) @ torch.linalg.cholesky(cov).T
+    log_w = torch.zeros(200, dtype=torch.float64)
+    ratio = float(conflict.spread_ratio(draws, log_w, -draws @ prec))
+    assert 0.5 < ratio < 2.0
+    assert conflict.score_check(draws, log_w, -draws @ prec) is None
+    wide = draws.clone()
+    wide[:, 2] *= 10.0
+    assert float(conflict.spread_ratio(wide, log_w, -wide @ prec)) > 2 * conflict.SCORE_C  # ≈ 100 ± 10%
+    reason = conflict.score_check(wide, log_w, -wide @ prec)
+    assert reason is not None and "wider than the posterior" in reason
+    few = torch.full((200,), -math.inf, dtype=torch.float64)
+    few[:11] = 0.0  # ESS 11 < 4D = 12
+    assert math.isnan(float(conflict.spread_ratio(wide, few, -wide @ prec)))
+
+
+def test_sghmc_without_preconditioning_on_an_ar1_ridge_is_flagged() -> None:
+    """AR(1) around a level of 3 (the series of tests/workers/test_kernel.py's ridge test) with
+    ``preconditioning: false``: the fixed-step moves leave clouds 5–10 times wider than the posterior and the
+    log-evidence ends about −1,990 nats from exact for seeds 0–3, which seeds 1 and 3 returned with status ok before
+    the spread check (bench/README.md, "Stein spread check").  Every run must be within 8 nats or degraded."""
+    from models.conjugate import autoregressive_unknown_noise_log_evidence
+
+    rng = np.random.default_rng(0)
+    y = np.empty(300)
+    y[0] = 3.0
+    for t in range(1, 300):
+        y[t] = 3.0 * 0.02 + 0.98 * y[t - 1] + 0.1 * rng.standard_normal()
+    exact = autoregressive_unknown_noise_log_evidence(y, 1)
+    for seed in (1, 3):
+        e = ModelEngine("autoregressive", {"order": 1}, {"block_size": 5, "seed": seed, "preconditioning": False})
+        for a in range(0, 300, 5):
+            e.update(None, y[a : a + 5].tolist())
+        assert e.degraded is not None or abs(e.log_evidence - exact) < 8.0, (seed, e.log_evidence - exact)
