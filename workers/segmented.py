@@ -480,9 +480,13 @@ class SegmentedEngine:
         p_confirm = sum(probs[i] for i in eligible)
         self.last_block = {"change_probability": p_change, "change_point": False, "challengers": len(lbfs)}
         if eligible and p_confirm > self.cp.threshold:
-            w = max(eligible, key=lambda i: probs[i])
-            self._confirm(self.challengers[w], p_confirm, lbfs[w], last)
-            return
+            # confirmed only if it holds with each log B̂ lowered by confirm_z standard errors (cp module docstring)
+            ses = [self._log_bayes_factor_se(c) for c in self.challengers]
+            _, low = cp.posterior([b - self.cp.confirm_z * se for b, se in zip(lbfs, ses, strict=True)], self.cp.hazard)
+            if sum(low[i] for i in eligible) > self.cp.threshold:
+                w = max(eligible, key=lambda i: probs[i])
+                self._confirm(self.challengers[w], p_confirm, lbfs[w], ses[w], last)
+                return
         ages = [c.absorbed for c in self.challengers]
         keep = cp.prune([c.start for c in self.challengers], ages, lbfs, self.cp, spawned)
         self.challengers = [self.challengers[i] for i in keep]
@@ -491,7 +495,13 @@ class SegmentedEngine:
             c.bases = {s: v for s, v in c.bases.items() if s in live}
             c.base_vars = {s: v for s, v in c.base_vars.items() if s in live}
 
-    def _confirm(self, win: Challenger, probability: float, log_bf: float, last: int) -> None:
+    def _log_bayes_factor_se(self, c: Challenger) -> float:
+        """Monte Carlo standard error of challenger ``c``'s log Bayes factor (nats; cp module docstring): its own
+        log-evidence variance plus the main population's since ``c.start``."""
+        var = c.engine._st.log_evidence_var + self.main._st.log_evidence_var - c.base_var
+        return math.sqrt(max(var, 0.0))
+
+    def _confirm(self, win: Challenger, probability: float, log_bf: float, log_bf_se: float, last: int) -> None:
         """``win`` becomes the main population of a segment starting at ``win.start``."""
         self.pending.append(
             {
@@ -503,7 +513,7 @@ class SegmentedEngine:
                 "log_bayes_factor": log_bf,
                 "message": (
                     f"change at {win.start}: posterior probability {probability:.3g}, "
-                    f"log Bayes factor {log_bf:.3g} nats (hazard {self.cp.hazard:g})"
+                    f"log Bayes factor {log_bf:.3g} ± {log_bf_se:.2g} nats (hazard {self.cp.hazard:g})"
                 ),
             }
         )

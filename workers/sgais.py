@@ -15,10 +15,11 @@ row-wise, so a model's bits do not depend on which other models share its stack 
 ``tests/workers/test_stack.py``).  Policies — the warm-up population, re-anchoring the control
 variates, the Fisher step caps, change detection and re-annealing — live in :mod:`workers.engine`.
 
-Step sizes: ``η_d = lr · min(4·Var_d, 1/(n·f_d))`` per coordinate, ``Var_d`` the weighted particle
-variance and ``f_d`` the per-observation empirical Fisher information (``f_d = 1``: the thesis's
-``η = lr/n``).  Evidence bookkeeping (eq. 4.6): ``log Ẑ_n = logsumexp(log w) − log M``; resampling
-replaces every log-weight by the log of their mean, which leaves ``Ẑ`` unchanged.
+Step sizes: ``η_d = lr · min(s·Var_d, 1/(n·f_d))`` per coordinate, ``Var_d`` the weighted particle
+variance, ``f_d`` the per-observation empirical Fisher information (``f_d = 1``: the thesis's
+``η = lr/n``) and ``s`` the model's variance slack (1 in the warm-up, 4 after it: ``workers.stacking``).
+Evidence bookkeeping (eq. 4.6): ``log Ẑ_n = logsumexp(log w) − log M``; resampling replaces every log-weight
+by the log of their mean, which leaves ``Ẑ`` unchanged.
 
 Error bars (``log_evidence_se``).  Between two resamplings (an *epoch* e) the weights start uniform and
 accumulate the incremental weights, and ``Ẑ_n`` is the product of the epochs' factors
@@ -66,7 +67,6 @@ from workers.sghmc import sghmc_step, standard_normal
 
 #: Unconstrained coordinates beyond this magnitude mean the SGHMC moves have diverged.
 DIVERGED = 1e12
-PRECONDITIONER_SLACK = 4.0
 
 
 class NumericalError(FloatingPointError):
@@ -109,6 +109,7 @@ class KernelSettings(NamedTuple):
     ess_target: torch.Tensor  # [K] float64, a fraction of M
     resample_threshold: torch.Tensor  # [K] float64, a fraction of M (0 = never)
     burn_in: torch.Tensor  # [K] int64, SGHMC steps per annealing step
+    variance_slack: torch.Tensor  # [K] float64, η_d ≤ variance_slack · lr · Var_d (:func:`_step_sizes`)
     max_annealing_steps: int
     move_every_step: bool  # False: a block taken in one step without resampling is not moved (see absorb_block)
     annealed_schedule: bool  # η = lr / (n_prev + λ B) rather than lr / n
@@ -117,7 +118,7 @@ class KernelSettings(NamedTuple):
     resampler: Resampler
 
     def select(self, idx: torch.Tensor) -> KernelSettings:
-        return self._replace(**{f: getattr(self, f)[idx] for f in self._fields[:5]})
+        return self._replace(**{f: getattr(self, f)[idx] for f in self._fields[:6]})
 
 
 class StackBlock(NamedTuple):
@@ -305,10 +306,10 @@ def _step_sizes(
     ``correlated``: where issue 10's factor slows the diagonal (``λ_min(R) < 1/2``), for :func:`_move`'s full
     preconditioner (None where the stack is not :func:`_full_eligible`).
 
-    ``η_d = lr · min(4·Var_d, 1/(n·f_d))``: the thesis's lr/n unless coordinate d's posterior is
-    more than 4× narrower than unit curvature per observation would make it; then η_d·curvature_d ≤
-    4·lr, inside SGHMC's stability region (η·h < 2(2 − α)) for lr ≤ 0.5.  The Fisher diagonal f_d
-    replaces unit curvature by the measured one after the warm-up.
+    ``η_d = lr · min(s_k·Var_d, 1/(n·f_d))`` (``s_k`` the model's ``variance_slack``): the thesis's lr/n
+    unless coordinate d's posterior is more than ``s_k`` times narrower than unit curvature per observation
+    would make it; then η_d·curvature_d ≤ s_k·lr, inside SGHMC's stability region (η·h < 2(2 − α)) for
+    s_k·lr ≤ 2.  The Fisher diagonal f_d replaces unit curvature by the measured one after the warm-up.
     """
     s = block.settings
     B = block.y.shape[1]
@@ -318,7 +319,7 @@ def _step_sizes(
         return posterior_var, (s.learning_rate / n_target)[:, None, None].to(theta.dtype), None
     posterior_var = weighted_variance(theta, log_w, floor=posterior_var / 4)
     cap = 1.0 / (n_target[:, None] * block.fisher)
-    eta = s.learning_rate[:, None] * torch.minimum(PRECONDITIONER_SLACK * posterior_var, cap)
+    eta = s.learning_rate[:, None] * torch.minimum(s.variance_slack[:, None] * posterior_var, cap)
     correlated = None
     if _full_eligible(block, theta):  # the diagonal, and where the factor slows it, _move's full preconditioner
         factor = _correlation_factor(theta, log_w)
@@ -349,15 +350,15 @@ def _correlation_factor(theta: torch.Tensor, log_w: torch.Tensor) -> torch.Tenso
     """``min(1, 2·λ_min(R)) : [K]`` with ``R`` the weighted particle correlation matrix of ``theta: [K, M, D]``.
 
     The variance cap treats coordinates as uncorrelated: for a Gaussian target with correlation ``R``
-    the diagonally preconditioned curvature ``η_d·H`` has eigenvalues up to ``4·lr / λ_min(R)`` (the
-    largest eigenvalue of ``R⁻¹``), outside SGHMC's stability region ``η·h < 2(2 − α)`` for strongly
-    correlated coordinates (a slope and an intercept with covariates far from 0: ρ = −0.87 for
-    x ~ U(0, 20) gives 4·lr·7.7; issue 10).  This factor bounds it by ``8·lr`` and is 1 (the bits
-    unchanged) whenever ``λ_min(R) ≥ 1/2``.  Formed only when the covariance is well estimated
-    (``M ≥ 4D``), and not for a family with exchangeable components (a mixture): its particles spread over
-    the ``C!`` label modes, so their correlation measures how far apart the modes lie, not the curvature of
-    any one of them (bench/reference.py's 5-component gmm, ``D = 24``, with 100 particles: ``λ_min → 0``
-    stopped the moves and the first block's log Z came out 20–140 nats low).
+    the diagonally preconditioned curvature ``η_d·H`` has eigenvalues up to ``lr / λ_min(R)`` (the
+    largest eigenvalue of ``R⁻¹``; with the variance slack ``s``: ``s·lr / λ_min(R)``), outside
+    SGHMC's stability region ``η·h < 2(2 − α)`` for strongly correlated coordinates (a slope and an intercept
+    with covariates far from 0: ρ = −0.87 for x ~ U(0, 20) gives 4·lr·7.7; issue 10).  This factor bounds it
+    by ``2·s·lr`` and is 1 (the diagonal's step unchanged) whenever ``λ_min(R) ≥ 1/2``.  Formed only when the
+    covariance is well estimated (``M ≥ 4D``), and not for a family with exchangeable components (a mixture):
+    its particles spread over the ``C!`` label modes, so their correlation measures how far apart the modes
+    lie, not the curvature of any one of them (bench/reference.py's 5-component gmm, ``D = 24``, with 100
+    particles: ``λ_min → 0`` stopped the moves and the first block's log Z came out 20–140 nats low).
     """
     _, _, cov = _weighted_covariance(theta, log_w)
     sd = torch.sqrt(torch.diagonal(cov, dim1=1, dim2=2).clamp_min(1e-300))
@@ -416,7 +417,7 @@ def _full_preconditioner(
     potential ``∇U = H(θ − μ)``, so this is exact whatever the particles.  Particles matching the tempered target
     give ``λ ≈ 1`` and ``P ≈ lr·H⁻¹``, the thesis's step ``lr/n`` for unit curvature per observation; particles
     wider than the target in some direction shrink ``κ`` so that ``κ·λ ≤ 2·lr``, inside SGHMC's stability
-    region ``η·h < 2(2 − α)``.  This replaces the diagonal's per-coordinate caps ``1/(n·f_d)`` and ``4·Var_d``,
+    region ``η·h < 2(2 − α)``.  This replaces the diagonal's per-coordinate caps ``1/(n·f_d)`` and ``s·Var_d``,
     which a ridge breaks (its marginal variances are ``1/(1 − ρ²)`` times the conditional ones).  ``4·lr`` in
     place of ``lr`` was tried (without the gates above): linear regression d = 5 at n = 10⁴ then ended
     −1.83 ± 0.78 nats (16 seeds) against −1.01 with the diagonal and −1.05 ± 0.95 with ``lr`` and the gates

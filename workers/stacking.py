@@ -174,6 +174,7 @@ class _Pending(NamedTuple):
     burn_in: int
     fisher: bool
     anchored: bool
+    variance_slack: float
     raw: int = 0  # stream values in the block (rows plus values taken into the context)
     one_step: bool = False  # a defensive start (workers.conflict): the block's likelihood in one increment
 
@@ -278,7 +279,23 @@ def _before_block(
     elif s.change_burn_in is not None and n_prev < s.warmup_observations:
         burn_in = max(burn_in, min(s.change_burn_in, warmup_burn_in(burn_in, st.theta.shape[-1])))
     fisher = s.preconditioning and s.fisher_step_growth > 1 and n_prev >= s.warmup_observations
-    return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored, one_step=one_step)
+    slack = WARMUP_VARIANCE_SLACK if n_prev < s.warmup_observations else VARIANCE_SLACK
+    return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step)
+
+
+#: The variance slack ``s`` of the diagonal step ``η_d = lr·min(s·Var_d, 1/(n·f_d))`` (``workers.sgais._step_sizes``)
+#: in the warm-up and after it.  SGHMC has no Metropolis correction: on a Gaussian target its stationary variance
+#: exceeds the target's by a factor growing with ``η·h`` (1.125 at 0.4, 1.029 at 0.1 for α = 0.2: the linear
+#: recursion's fixed point), and annealing through particles wider than each tempered target biases ``log Ẑ`` low.
+#: In the warm-up the variance cap binds (the Fisher cap assumes unit curvature per observation until it is
+#: measured), so a slack of 4 ran the early blocks at ``η·h`` ≈ 0.4: AR(1) on RunLog's first 10 values ended
+#: −1.34 ± 0.15 nats from exact (20 seeds; reported SE 0.22), −0.30 ± 0.04 with 1; ``bench/ar_real_data.py
+#: --seeds 2``: 6 of 26 runs `ok` and beyond 3 SE with 4, 1 with 1.  After the warm-up the measured Fisher cap
+#: binds and the variance of 10 particles is noisy: a slack of 1 there let it shrink the steps, and linear
+#: regression d = 5 ended −2.42 nats at n = 10⁵ (16 seeds) against −1.60 with 4 (bench/README.md, "Step-size bias
+#: of a live feed's first blocks").
+WARMUP_VARIANCE_SLACK = 1.0
+VARIANCE_SLACK = 4.0
 
 
 def warmup_burn_in(burn_in: int, dim: int) -> int:
@@ -339,6 +356,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         ),  # fmt: skip
         resample_threshold=per_model("resample_threshold"),
         burn_in=torch.tensor([p.burn_in for p in group], device=device),
+        variance_slack=torch.tensor([p.variance_slack for p in group], **f64),
         max_annealing_steps=s0.max_annealing_steps,
         move_every_step=s0.moves == "every_step",
         annealed_schedule=s0.learning_rate_schedule == "annealed",
