@@ -287,12 +287,9 @@ def test_sghmc_without_preconditioning_on_an_ar1_ridge_is_flagged() -> None:
     log-evidence ends about −1,990 nats from exact for seeds 0–3, which seeds 1 and 3 returned with status ok before
     the spread check (bench/README.md, "Stein spread check").  Every run must be within 8 nats or degraded."""
     from models.conjugate import autoregressive_unknown_noise_log_evidence
+    from tests.workers.test_kernel import ar1_around_level_3
 
-    rng = np.random.default_rng(0)
-    y = np.empty(300)
-    y[0] = 3.0
-    for t in range(1, 300):
-        y[t] = 3.0 * 0.02 + 0.98 * y[t - 1] + 0.1 * rng.standard_normal()
+    y = ar1_around_level_3()
     exact = autoregressive_unknown_noise_log_evidence(y, 1)
     for seed in (1, 3):
         e = ModelEngine("autoregressive", {"order": 1}, {"block_size": 5, "seed": seed, "preconditioning": False})

@@ -628,6 +628,17 @@ def test_warmup_burn_in_grows_with_the_dimension_up_to_change_burn_in(
         assert warm == math.ceil(4 * math.sqrt(dim / 4)) > 4  # the rule itself, not its cap, decided
 
 
+def ar1_around_level_3(n: int = 300) -> np.ndarray:
+    """AR(1) around a level of 3, phi = 0.98, innovation sd 0.1, from y[0] = 3 (numpy seed 0): its coefficient and
+    intercept lie on a ridge (rho near 1)."""
+    rng = np.random.default_rng(0)
+    y = np.empty(n)
+    y[0] = 3.0
+    for t in range(1, n):
+        y[t] = 3.0 * 0.02 + 0.98 * y[t - 1] + 0.1 * rng.standard_normal()
+    return y
+
+
 def test_ar1_with_a_level_far_from_zero_is_within_8_nats_or_degraded_in_blocks_of_5() -> None:
     """AR(1) around a level of 3 (phi = 0.98, sd 0.1): the coefficient and the intercept lie on a ridge (rho near 1).
     With the diagonal preconditioner and issue 10's factor the moves stalled there: seeds 0-11 ended -2.8 to -21.9
@@ -636,11 +647,7 @@ def test_ar1_with_a_level_far_from_zero_is_within_8_nats_or_degraded_in_blocks_o
     seeds 0-2: -0.68, -1.94, -4.55); 8 nats is 5 sd beyond their mean and fails on seed 0 of the stalled moves."""
     from models.conjugate import autoregressive_unknown_noise_log_evidence
 
-    rng = np.random.default_rng(0)
-    y = np.empty(300)
-    y[0] = 3.0
-    for t in range(1, 300):
-        y[t] = 3.0 * 0.02 + 0.98 * y[t - 1] + 0.1 * rng.standard_normal()
+    y = ar1_around_level_3()
     exact = autoregressive_unknown_noise_log_evidence(y, 1)
     for seed in range(3):
         e = ModelEngine("autoregressive", {"order": 1}, {"block_size": 5, "seed": seed})
