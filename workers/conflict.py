@@ -335,6 +335,8 @@ def spread_ratio(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) 
     C = -(W[..., None] * dt).transpose(-1, -2) @ g  # [..., D, D]
     D = C.shape[-1]
     usable = torch.isfinite(C).all(-1).all(-1) & (ess(log_w.to(torch.float64)) >= 4 * D)
+    if not bool(usable.any()):  # e.g. every model after the warm-up with 10 particles: no decomposition to pay for
+        return torch.full(usable.shape, math.nan, dtype=C.dtype, device=C.device)
     eye = torch.eye(D, dtype=C.dtype, device=C.device)
     C = torch.where(usable[..., None, None], C, eye)
     try:

@@ -541,24 +541,28 @@ def _score_checks(family: StackedFamily, todo: list[tuple[int, SGAISState]]) -> 
     """:func:`workers.conflict.score_check` of each ``(k, state)`` (``k``: the model's row of ``family``)
     against the posterior of its whole history (exact score: prior + every held row), ``{k: reason or None}``.
 
-    Models whose histories hold the same number of rows share one stacked gradient call (row-wise
-    arithmetic: the same bits as one model alone)."""
+    Models whose histories hold the same number of rows share one stacked gradient call, and every model of
+    the stack one check (row-wise arithmetic: the same bits as one model alone)."""
+    if not todo:
+        return {}
     by_size: dict[int, list[tuple[int, SGAISState]]] = {}
     for k, st in todo:
         by_size.setdefault(st.history.size, []).append((k, st))
-    out: dict[int, str | None] = {}
+    ks, thetas, scores = [], [], []
     for same in by_size.values():
-        ks = [k for k, _ in same]
         rows = [st.history.all_rows() for _, st in same]
         theta = torch.stack([st.theta for _, st in same])
         xs = [x for x, _ in rows if x is not None]
         hx = torch.stack(xs) if xs else None  # one family: every model has covariates or none does
         hy = torch.stack([y for _, y in rows])
-        sub = family.select(torch.tensor(ks, device=theta.device))
-        score = sub.grad_log_prior(theta) + history_gradient(sub, theta, hx, hy)
-        log_w = torch.stack([st.log_w for _, st in same])
-        out.update(zip(ks, conflict.score_checks(theta, log_w, score), strict=True))
-    return out
+        sub = family.select(torch.tensor([k for k, _ in same], device=theta.device))
+        ks += [k for k, _ in same]
+        thetas.append(theta)
+        scores.append(sub.grad_log_prior(theta) + history_gradient(sub, theta, hx, hy))
+    order = dict(todo)
+    log_w = torch.stack([order[k].log_w for k in ks])
+    reasons = conflict.score_checks(torch.cat(thetas), log_w, torch.cat(scores))
+    return dict(zip(ks, reasons, strict=True))
 
 
 def reduce_particles(generator: torch.Generator, state: SGAISState, M: int) -> SGAISState:
