@@ -82,6 +82,20 @@ Result = list[BlockInfo] | sgais.NumericalError
 #: ESS target of a block taken in one increment (0: the bisection of solve_increment returns the whole remainder).
 ONE_STEP_TARGET = 0.0
 
+#: The variance slack ``s`` of the diagonal step ``η_d = lr·min(s·Var_d, 1/(n·f_d))`` (``workers.sgais._step_sizes``)
+#: in the warm-up and after it.  SGHMC has no Metropolis correction: on a Gaussian target its stationary variance
+#: exceeds the target's by a factor growing with ``η·h`` (1.125 at 0.4, 1.029 at 0.1 for α = 0.2: the linear
+#: recursion's fixed point), and annealing through particles wider than each tempered target biases ``log Ẑ`` low.
+#: In the warm-up the variance cap binds (the Fisher cap assumes unit curvature per observation until it is
+#: measured), so a slack of 4 ran the early blocks at ``η·h`` ≈ 0.4: AR(1) on RunLog's first 10 values ended
+#: −1.34 ± 0.15 nats from exact (20 seeds; reported SE 0.22), −0.30 ± 0.04 with 1; ``bench/ar_real_data.py
+#: --seeds 2``: 6 of 26 runs `ok` and beyond 3 SE with 4, 1 with 1.  After the warm-up the measured Fisher cap
+#: binds and the variance of 10 particles is noisy: a slack of 1 there let it shrink the steps, and linear
+#: regression d = 5 ended −2.42 nats at n = 10⁵ (16 seeds) against −1.60 with 4 (bench/README.md, "Step-size bias
+#: of a live feed's first blocks").
+WARMUP_VARIANCE_SLACK = 1.0
+VARIANCE_SLACK = 4.0
+
 #: The model's status reason when a block hit ``max_annealing_steps`` (the rest taken in one increment).
 GUARD_REASON = (
     "a block needed more than max_annealing_steps = {} annealing steps; the rest of its likelihood was "
@@ -281,21 +295,6 @@ def _before_block(
     fisher = s.preconditioning and s.fisher_step_growth > 1 and n_prev >= s.warmup_observations
     slack = WARMUP_VARIANCE_SLACK if n_prev < s.warmup_observations else VARIANCE_SLACK
     return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step)
-
-
-#: The variance slack ``s`` of the diagonal step ``η_d = lr·min(s·Var_d, 1/(n·f_d))`` (``workers.sgais._step_sizes``)
-#: in the warm-up and after it.  SGHMC has no Metropolis correction: on a Gaussian target its stationary variance
-#: exceeds the target's by a factor growing with ``η·h`` (1.125 at 0.4, 1.029 at 0.1 for α = 0.2: the linear
-#: recursion's fixed point), and annealing through particles wider than each tempered target biases ``log Ẑ`` low.
-#: In the warm-up the variance cap binds (the Fisher cap assumes unit curvature per observation until it is
-#: measured), so a slack of 4 ran the early blocks at ``η·h`` ≈ 0.4: AR(1) on RunLog's first 10 values ended
-#: −1.34 ± 0.15 nats from exact (20 seeds; reported SE 0.22), −0.30 ± 0.04 with 1; ``bench/ar_real_data.py
-#: --seeds 2``: 6 of 26 runs `ok` and beyond 3 SE with 4, 1 with 1.  After the warm-up the measured Fisher cap
-#: binds and the variance of 10 particles is noisy: a slack of 1 there let it shrink the steps, and linear
-#: regression d = 5 ended −2.42 nats at n = 10⁵ (16 seeds) against −1.60 with 4 (bench/README.md, "Step-size bias
-#: of a live feed's first blocks").
-WARMUP_VARIANCE_SLACK = 1.0
-VARIANCE_SLACK = 4.0
 
 
 def warmup_burn_in(burn_in: int, dim: int) -> int:
