@@ -480,6 +480,14 @@ def _move(
     S = max(counts, default=0)
     if S == 0:
         return theta, velocity
+    if 0 in counts:  # the models that stay put (a still block) do no arithmetic: the others move as a sub-stack
+        rows = torch.tensor([k for k, c in enumerate(counts) if c], device=theta.device)
+        th, v = _move(
+            block.select(rows), theta[rows], velocity[rows], anchor[rows], anchor_grad[rows], lam=lam[rows],
+            step_size=step_size[rows], burn=burn[rows], log_w=log_w[rows], variance=variance[rows],
+            correlated=None if correlated is None else correlated[rows],
+        )  # fmt: skip
+        return theta.index_copy(0, rows, th), velocity.index_copy(0, rows, v)
     gens = block.generators
     B = block.batches.batch_size if block.batches is not None else 0
     bulk = K * S * B * theta.shape[-1] <= BULK_ELEMENTS
