@@ -62,6 +62,12 @@ class Autoregressive(LinearGaussianStatistics, Family):
     def known_noise(self) -> bool:
         return self.params.noise_std is not None
 
+    @property
+    def unimodal(self) -> bool:  # type: ignore[override]
+        """Known noise: a Gaussian target.  Unknown noise: the coefficients' prior does not scale with σ²
+        (semi-conjugate), and a prior–data conflict can give the target two modes, so not claimed."""
+        return self.known_noise
+
     def parameter_specs(self) -> list[ParameterSpec]:
         specs = [ParameterSpec("coefficients", (self.params.order,)), ParameterSpec("intercept", ())]
         if not self.known_noise:

@@ -486,6 +486,16 @@ class Family(ABC):
         posterior has ``C!`` symmetric modes.  Empty (the default): no label symmetry."""
         return ()
 
+    @property
+    def unimodal(self) -> bool:
+        """True when the log target of any data (log prior + log-likelihood, in the unconstrained coordinates)
+        has one stationary point, whatever the data: log-concave targets and conjugate normal–inverse-gamma
+        ones, whose joint posterior has a single mode in ``(mean, log σ²)``.  One Laplace start then finds the
+        mode (:func:`workers.conflict.best_laplace`).  False (the default): the target may have several modes
+        (mixtures, neural networks, and semi-conjugate priors, whose prior–data conflicts can make two), so the
+        fit tries several starts."""
+        return False
+
     def label_orbit(self, theta: torch.Tensor) -> torch.Tensor | None:
         """``theta: [M, D]`` under every permutation of the exchangeable components: ``[P, M, D]``,
         ``P = C!``, the identity first.  None when the family has no label symmetry or

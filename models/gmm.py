@@ -79,6 +79,12 @@ class GaussianMixture(Family):
         per-component priors make the labels exchangeable (``components!`` posterior modes)."""
         return ("weights", "means", "variances") if self.params.components > 1 else ()
 
+    @property
+    def unimodal(self) -> bool:  # type: ignore[override]
+        """One component: each dimension's posterior is normal–inverse-gamma, one mode in ``(μ, log σ²)``.
+        Several components: label symmetry and local modes."""
+        return self.params.components == 1
+
     def observation_schema(self) -> dict[str, Any]:
         d = self.params.dim
         return {"x": None, "y": [] if d == 1 else [d], "y_type": "real", "classes": None}

@@ -38,6 +38,11 @@ class LogisticRegression(CovariateSubset, Family):
         p = self.params
         return [ParameterSpec("W", (p.classes, p.n_features)), ParameterSpec("b", (p.classes,))]
 
+    @property
+    def unimodal(self) -> bool:  # type: ignore[override]
+        """The softmax log-likelihood is concave in ``(W, b)`` and the Gaussian prior strictly so: one mode."""
+        return True
+
     def observation_schema(self) -> dict[str, Any]:
         return {**self.x_schema(), "y": [], "y_type": "label", "classes": self.params.classes}
 

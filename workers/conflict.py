@@ -178,11 +178,14 @@ def laplace(block: OneBlock, theta0: torch.Tensor, *, iterations: int = 500) -> 
     return Laplace(mode, scale)
 
 
-def best_laplace(block: OneBlock, prior_draws: torch.Tensor, log_target: torch.Tensor) -> Laplace | None:
+def best_laplace(
+    block: OneBlock, prior_draws: torch.Tensor, log_target: torch.Tensor, *, unimodal: bool = False
+) -> Laplace | None:
     """:func:`laplace` from each of the ``LAPLACE_STARTS`` prior draws ``prior_draws: [M, D]`` with the highest
     ``log_target: [M]`` (distinct draws, best first); the fit whose mode has the highest log target, or None when
     none could be formed.  One start found a poor local mode of bench/reference.py's 5-component gmm (seed 5, the
-    first block 208 nats low with status ``ok``, every later block trapped there)."""
+    first block 208 nats low with status ``ok``, every later block trapped there).  ``unimodal``: the target has
+    one mode (:attr:`models.base.Family.unimodal`), so the first fit that succeeds is it."""
     order = torch.argsort(log_target, descending=True)[:LAPLACE_STARTS].tolist()
     one = block.family
     best, best_lt = None, -math.inf
@@ -192,6 +195,8 @@ def best_laplace(block: OneBlock, prior_draws: torch.Tensor, log_target: torch.T
         lap = laplace(block, prior_draws[i])
         if lap is None:
             continue
+        if unimodal:
+            return lap
         with torch.no_grad():
             m = lap.mode[None, None]
             lt = float((one.log_prior(m) + one.log_likelihood(m, block.x, block.y).sum(-1))[0, 0])
@@ -257,7 +262,7 @@ def defensive_start(
         ll = torch.nan_to_num(block.family.log_likelihood(theta64, block.x, block.y).sum(-1)[0], nan=-math.inf)
         lt = block.family.log_prior(theta64)[0] + ll
     lt = torch.nan_to_num(lt, nan=-math.inf)
-    lap = best_laplace(block, prior_draws, lt)
+    lap = best_laplace(block, prior_draws, lt, unimodal=family.unimodal)
     if lap is None or robust_z(prior_draws, lap.mode) <= CONFLICT_Z:
         return None
     gauss = torch.distributions.MultivariateNormal(lap.mode, scale_tril=PROPOSAL_INFLATION * lap.scale_tril)

@@ -290,10 +290,20 @@ def tempered_step(
         mean = (torch.logsumexp(log_w[rows], -1) - math.log(M))[:, None].expand(-1, M)
         log_w = log_w.index_copy(0, rows, mean.contiguous())
     burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
-    theta, velocity = _move(
-        block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
-        variance=posterior_var, correlated=correlated,
-    )  # fmt: skip
+    moving = burn > 0
+    if bool(moving.all()):
+        theta, velocity = _move(
+            block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
+            variance=posterior_var, correlated=correlated,
+        )  # fmt: skip
+    elif bool(moving.any()):  # the models that stay put do no arithmetic: the others move as a sub-stack
+        rows = moving.nonzero()[:, 0]
+        th, v = _move(
+            block.select(rows), theta[rows], velocity[rows], anchor[rows], anchor_grad[rows], lam=lam[rows],
+            step_size=step_size[rows], burn=burn[rows], log_w=log_w[rows], variance=posterior_var[rows],
+            correlated=None if correlated is None else correlated[rows],
+        )  # fmt: skip
+        theta, velocity = theta.index_copy(0, rows, th), velocity.index_copy(0, rows, v)
     failed |= ~torch.isfinite(theta).all(-1).all(-1) | (theta.abs().amax((1, 2)) > DIVERGED)
     new = StackState(theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)
     return new, StepInfo(delta, ess_now, resample, failed)
@@ -480,14 +490,6 @@ def _move(
     S = max(counts, default=0)
     if S == 0:
         return theta, velocity
-    if 0 in counts:  # the models that stay put (a still block) do no arithmetic: the others move as a sub-stack
-        rows = torch.tensor([k for k, c in enumerate(counts) if c], device=theta.device)
-        th, v = _move(
-            block.select(rows), theta[rows], velocity[rows], anchor[rows], anchor_grad[rows], lam=lam[rows],
-            step_size=step_size[rows], burn=burn[rows], log_w=log_w[rows], variance=variance[rows],
-            correlated=None if correlated is None else correlated[rows],
-        )  # fmt: skip
-        return theta.index_copy(0, rows, th), velocity.index_copy(0, rows, v)
     gens = block.generators
     B = block.batches.batch_size if block.batches is not None else 0
     bulk = K * S * B * theta.shape[-1] <= BULK_ELEMENTS

@@ -1,0 +1,104 @@
+"""The worker's engine on ``bench/many_models.py``'s gmm workload, without the service: ``--models`` one-component
+gmm models (many_models' priors and seeds, change-point challengers on) absorb the same ``--chunks``
+5-observation chunks through :func:`workers.segmented.advance_blocks`, the call the worker makes for a stream's
+chunk.  Prints CPU milliseconds per model-block (``time.process_time``: less sensitive to other tenants than wall
+time, still not immune), SGHMC model-steps computed against those the models needed (a stack runs its longest
+model's steps; models that finished early are masked), and Laplace fits (``workers.conflict.laplace`` calls).
+
+``--baseline DIR`` runs the same workload from another checkout (e.g. ``git worktree add /tmp/base <commit>``)
+in a subprocess, alternating with this one ``--repeats`` times, and prints the ratio per repeat.
+
+    python bench/engine_stack.py [--models 128] [--chunks 20] [--baseline DIR] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(models: int, chunks: int) -> dict:
+    """CPU ms per model-block and the deterministic counts, for the checkout on ``sys.path``."""
+    import torch
+
+    from workers import conflict, sgais
+    from workers.segmented import SegmentedEngine, advance_blocks
+    from workers.worker.loop import warm_lazy_imports
+
+    sys.path.insert(0, str(HERE))
+    from many_models import gmm_chunks, gmm_model
+
+    warm_lazy_imports()
+    counts = {"computed": 0, "needed": 0, "laplace": 0}
+    steps, fit = sgais._sghmc_steps, conflict.laplace
+
+    def counted_steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, c):
+        counts["computed"] += max(c, default=0) * len(c)
+        counts["needed"] += sum(c)
+        return steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, c)
+
+    def counted_fit(*a, **k):
+        counts["laplace"] += 1
+        return fit(*a, **k)
+
+    sgais._sghmc_steps, conflict.laplace = counted_steps, counted_fit
+    engines = []
+    for i in range(models):
+        body = gmm_model(i)
+        engines.append(SegmentedEngine.create(body["family"], body["params"], body["sampler"]))
+    data = [torch.tensor(c["y"], dtype=torch.float64) for c in gmm_chunks(chunks)]
+    t0, w0 = time.process_time(), time.perf_counter()
+    for y in data:
+        out = advance_blocks(engines, [(None, y)] * models)
+        bad = [o for o in out if isinstance(o, Exception)]
+        if bad:
+            raise bad[0]
+    cpu, wall = time.process_time() - t0, time.perf_counter() - w0
+    return {"cpu_ms": 1000 * cpu / (models * chunks), "wall_ms": 1000 * wall / (models * chunks), **counts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", type=int, default=128)
+    ap.add_argument("--chunks", type=int, default=20)
+    ap.add_argument("--baseline", help="another checkout to compare with, run alternately in a subprocess")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.json_only:
+        print(json.dumps(run(a.models, a.chunks)))
+        return
+
+    def child(root: Path) -> dict:
+        cmd = [sys.executable, str(root / "bench" / "engine_stack.py"), "--json-only"]
+        cmd += ["--models", str(a.models), "--chunks", str(a.chunks)]
+        env = {**os.environ, "PYTHONPATH": str(root)}  # that checkout's packages, not the installed ones
+        out = subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, text=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    roots = [HERE.parent] + ([Path(a.baseline).resolve()] if a.baseline else [])
+    ratios = []
+    for r in range(a.repeats if a.baseline else 1):
+        res = [child(root) for root in roots]
+        for root, x in zip(roots, res, strict=True):
+            print(
+                f"repeat {r} {root}: {x['cpu_ms']:.3f} CPU ms per model-block (wall {x['wall_ms']:.3f}); SGHMC "
+                f"model-steps computed {x['computed']:,} for {x['needed']:,} needed; Laplace fits {x['laplace']}"
+            )
+        if a.baseline:
+            ratios.append(res[1]["cpu_ms"] / res[0]["cpu_ms"])
+            print(f"repeat {r}: baseline / this = {ratios[-1]:.2f}x")
+    if ratios:
+        print(f"median speed-up {statistics.median(ratios):.2f}x over {len(ratios)} repeats")
+
+
+if __name__ == "__main__":
+    main()
