@@ -311,7 +311,13 @@ class ParameterSpace:
         parts = []
         for spec in self.specs:
             c = values[spec.name]
-            u = spec.transform.inv(c)
+            block = self.slices[spec.name]
+            if self.transforms[spec.name] is None:  # real: the identity
+                u = c
+            elif block.stop == block.start:  # nothing to move (a one-component simplex)
+                u = c.new_zeros((c.shape[0], 0))
+            else:
+                u = spec.transform.inv(c)
             parts.append(u.reshape(c.shape[0], -1))
         return torch.cat(parts, dim=-1)
 
