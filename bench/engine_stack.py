@@ -36,6 +36,7 @@ def run(models: int, chunks: int) -> dict:
     sys.path.insert(0, str(HERE))
     from many_models import gmm_chunks, gmm_model
 
+    torch.set_num_threads(1)  # as the worker (workers.config: torch_threads)
     warm_lazy_imports()
     counts = {"computed": 0, "needed": 0, "laplace": 0}
     steps, fit = sgais._sghmc_steps, conflict.laplace

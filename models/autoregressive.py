@@ -63,7 +63,7 @@ class Autoregressive(LinearGaussianStatistics, Family):
         return self.params.noise_std is not None
 
     @property
-    def unimodal(self) -> bool:  # type: ignore[override]
+    def unimodal(self) -> bool:
         """Known noise: a Gaussian target.  Unknown noise: the coefficients' prior does not scale with σ²
         (semi-conjugate), and a prior–data conflict can give the target two modes, so not claimed."""
         return self.known_noise

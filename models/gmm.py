@@ -80,7 +80,7 @@ class GaussianMixture(Family):
         return ("weights", "means", "variances") if self.params.components > 1 else ()
 
     @property
-    def unimodal(self) -> bool:  # type: ignore[override]
+    def unimodal(self) -> bool:
         """One component: each dimension's posterior is normal–inverse-gamma, one mode in ``(μ, log σ²)``.
         Several components: label symmetry and local modes."""
         return self.params.components == 1

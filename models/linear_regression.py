@@ -167,7 +167,7 @@ class LinearRegression(CovariateSubset, LinearGaussianStatistics, Family):
         return torch.cat([g_lin, du], dim=-1)
 
     @property
-    def unimodal(self) -> bool:  # type: ignore[override]
+    def unimodal(self) -> bool:
         """Known noise: a Gaussian target.  Unknown noise: the posterior is normal–inverse-gamma, whose only
         stationary point in ``(w, b, log σ²)`` is the posterior mean of ``(w, b)`` with one ``log σ²``."""
         return True

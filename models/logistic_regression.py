@@ -39,7 +39,7 @@ class LogisticRegression(CovariateSubset, Family):
         return [ParameterSpec("W", (p.classes, p.n_features)), ParameterSpec("b", (p.classes,))]
 
     @property
-    def unimodal(self) -> bool:  # type: ignore[override]
+    def unimodal(self) -> bool:
         """The softmax log-likelihood is concave in ``(W, b)`` and the Gaussian prior strictly so: one mode."""
         return True
 

@@ -688,12 +688,19 @@ def _history_statistics(fam: StackedFamily, batches: StackBatches, models: list[
 
 
 def _noise(generators: Sequence[torch.Generator], counts: list[int], shape: tuple[int, ...], like: torch.Tensor):
-    """``[K, max(counts), *shape]`` standard normals, model k's ``counts[k]`` rows from ``generators[k]``."""
+    """``[K, max(counts), *shape]`` standard normals in ``like``'s dtype, model k's ``counts[k]`` rows from
+    ``generators[k]``, drawn in float32 (:data:`NOISE_DTYPE`)."""
     S = max(counts, default=0)
     if len(counts) == 1:
-        return standard_normal(generators, (S, *shape), like)
-    out = like.new_zeros((len(counts), S, *shape))
+        return standard_normal(generators, (S, *shape), like.to(NOISE_DTYPE)).to(like.dtype)
+    out = torch.zeros((len(counts), S, *shape), dtype=NOISE_DTYPE, device=like.device)
     for k, (g, c) in enumerate(zip(generators, counts, strict=True)):
         if c:  # drawn in place: the same draws as a fresh tensor of that shape (standard_normal)
             torch.randn((c, *shape), generator=g, out=out[k, :c])
-    return out
+    return out.to(like.dtype)
+
+
+#: dtype of the SGHMC noise draws.  On CPU torch draws float32 normals about 4x faster than float64 ones
+#: (5 against 22 ns each, measured here); the noise's rounding (relative 6e-8) is far below the discretisation
+#: error of the SGHMC steps it drives, and its tails are cut at about 5.8 sd (probability 7e-9).
+NOISE_DTYPE = torch.float32
