@@ -692,7 +692,7 @@ def _noise(generators: Sequence[torch.Generator], counts: list[int], shape: tupl
     ``generators[k]``, drawn in float32 (:data:`NOISE_DTYPE`)."""
     S = max(counts, default=0)
     if len(counts) == 1:
-        return standard_normal(generators, (S, *shape), like.to(NOISE_DTYPE)).to(like.dtype)
+        return standard_normal(generators, (S, *shape), like.new_empty(0, dtype=NOISE_DTYPE)).to(like.dtype)
     out = torch.zeros((len(counts), S, *shape), dtype=NOISE_DTYPE, device=like.device)
     for k, (g, c) in enumerate(zip(generators, counts, strict=True)):
         if c:  # drawn in place: the same draws as a fresh tensor of that shape (standard_normal)
