@@ -27,7 +27,7 @@ accumulate the incremental weights, and ``Ẑ_n`` is the product of the epochs' 
 current target, independent of the past), the factors are independent and each ``r_e`` is an average
 of ``M`` i.i.d. weights, so, by the delta method,
 
-    Var(log Ẑ_n) ≈ Σ_e Var(w_e)/(M E[w_e]²) ≈ Σ_e (Σ_i W_{e,i}² − 1/M) = Σ_e (1/ESS_e − 1/M),
+    Var(log Ẑ_n) ≈ Σ_e Var(w_e)/(M E[w_e]²) ≈ Σ_e M/(M − 1) · (Σ_i W_{e,i}² − 1/M) = Σ_e M/(M − 1) · (1/ESS_e − 1/M),
 
 ``W_e`` the normalised weights at the end of epoch e (just before its resampling; the open epoch uses
 the current weights).  This is the variance of the lognormal limit of ``log Ẑ`` (Bérard, Del Moral &
@@ -196,11 +196,13 @@ def epoch_variance(log_w: torch.Tensor) -> torch.Tensor:
     """Variance (nats²) of the log of one resampling epoch's evidence factor ``mean(exp(log_w))``.
 
     ``log_w: [..., M]`` the log-weights accumulated since the epoch began with uniform weights → ``[...]``
-    float64, ``Σ w² / (Σ w)² − 1/M = 1/ESS − 1/M`` (:func:`workers.ess.ess`): the particles'
-    sample relative variance of the weight divided by ``M`` (delta method; Bérard, Del Moral & Doucet
-    2014, module docstring "Error bars").
+    float64, ``M/(M − 1) · (Σ w² / (Σ w)² − 1/M) = M/(M − 1) · (1/ESS − 1/M)`` (:func:`workers.ess.ess`): the
+    particles' sample relative variance of the weight (with Bessel's ``M − 1``, unbiased for i.i.d. weights
+    where the ``M`` divisor is low by ``(M − 1)/M``: 10% at 10 particles) divided by ``M`` (delta method;
+    Bérard, Del Moral & Doucet 2014, module docstring "Error bars").
     """
-    return torch.exp(torch.logsumexp(2 * log_w, -1) - 2 * torch.logsumexp(log_w, -1)) - 1.0 / log_w.shape[-1]
+    M = log_w.shape[-1]
+    return (torch.exp(torch.logsumexp(2 * log_w, -1) - 2 * torch.logsumexp(log_w, -1)) - 1.0 / M) * (M / (M - 1))
 
 
 def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.Tensor) -> torch.Tensor:
