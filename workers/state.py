@@ -74,7 +74,7 @@ class SGAISState(NamedTuple):
         theorem of Bérard, Del Moral & Doucet (2014; the variance estimate comes from the same paper),
         ``log Ẑ_n − log Z_n`` is approximately ``N(−σ²/2, σ²)``, and adding ``σ̂²/2`` removes the bias to that order.
         Measured (``bench/calibration.py``, 48 seeds, n = 2,000 to 10⁵): the one-component gmm's mean error went
-        from −0.01…−0.32 to +0.03…+0.04 nats; the linear regression's from −0.21…−1.40 to −0.15…−0.80 (the rest is
+        from −0.01…−0.32 to +0.01…+0.06 nats; the linear regression's from −0.21…−1.40 to −0.15…−0.73 (the rest is
         SGHMC's own bias)."""
         _, log_z, open_var, _ = self._summary()
         return log_z + 0.5 * (float(self.evidence_var) + open_var)
