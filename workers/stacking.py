@@ -547,7 +547,7 @@ def _score_checks(family: StackedFamily, todo: list[tuple[int, SGAISState]]) -> 
     by_size: dict[int, list[tuple[int, SGAISState]]] = {}
     for k, st in todo:
         by_size.setdefault(st.history.size, []).append((k, st))
-    ks, thetas, scores = [], [], []
+    ks, thetas, log_ws, scores = [], [], [], []
     for same in by_size.values():
         rows = [st.history.all_rows() for _, st in same]
         theta = torch.stack([st.theta for _, st in same])
@@ -557,10 +557,9 @@ def _score_checks(family: StackedFamily, todo: list[tuple[int, SGAISState]]) -> 
         sub = family.select(torch.tensor([k for k, _ in same], device=theta.device))
         ks += [k for k, _ in same]
         thetas.append(theta)
+        log_ws.append(torch.stack([st.log_w for _, st in same]))
         scores.append(sub.grad_log_prior(theta) + history_gradient(sub, theta, hx, hy))
-    order = dict(todo)
-    log_w = torch.stack([order[k].log_w for k in ks])
-    reasons = conflict.score_checks(torch.cat(thetas), log_w, torch.cat(scores))
+    reasons = conflict.score_checks(torch.cat(thetas), torch.cat(log_ws), torch.cat(scores))
     return dict(zip(ks, reasons, strict=True))
 
 
