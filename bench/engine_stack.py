@@ -1,9 +1,10 @@
 """The worker's engine on ``bench/many_models.py``'s gmm workload, without the service: ``--models`` one-component
 gmm models (many_models' priors and seeds, change-point challengers on) absorb the same ``--chunks``
 5-observation chunks through :func:`workers.segmented.advance_blocks`, the call the worker makes for a stream's
-chunk.  Prints CPU milliseconds per model-block (``time.process_time``: less sensitive to other tenants than wall
-time, still not immune), SGHMC model-steps computed against those the models needed (a stack runs its longest
-model's steps; models that finished early are masked), and Laplace fits (``workers.conflict.laplace`` calls).
+chunk, with the worker's garbage-collector settings (:func:`workers.runner.quiet_gc`).  Prints CPU milliseconds
+per model-block (``time.process_time``: less sensitive to other tenants than wall time, still not immune), SGHMC
+model-steps computed against those the models needed (a stack runs its longest model's steps; models that
+finished early are masked), and Laplace fits (``workers.conflict.laplace`` calls).
 
 ``--baseline DIR`` runs the same workload from another checkout (e.g. ``git worktree add /tmp/base <commit>``)
 in a subprocess, alternating with this one ``--repeats`` times, and prints the ratio per repeat.
@@ -38,6 +39,12 @@ def run(models: int, chunks: int) -> dict:
 
     torch.set_num_threads(1)  # as the worker (workers.config: torch_threads)
     warm_lazy_imports()
+    try:  # the worker's garbage-collector settings (workers.runner.quiet_gc), where the checkout has them
+        from workers.runner import quiet_gc
+    except ImportError:
+        pass
+    else:
+        quiet_gc()
     counts = {"computed": 0, "needed": 0, "laplace": 0}
     steps, fit = sgais._sghmc_steps, conflict.laplace
 

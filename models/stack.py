@@ -27,6 +27,17 @@ def stack_key_of(family: Family) -> tuple[Any, ...]:
         return key
 
 
+def _hyper_row(family: Family) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """``family.hyper()`` as (names, values), computed once per family (frozen, as :func:`stack_key_of`): a stack is
+    built from its models' rows every block."""
+    try:
+        return family.__dict__["_hyper_row"]
+    except KeyError:
+        hp = family.hyper()
+        row = family.__dict__["_hyper_row"] = (tuple(hp), tuple(hp.values()))
+        return row
+
+
 class StackedFamily:
     """``K`` models of one family with per-model hyperparameters.
 
@@ -47,8 +58,11 @@ class StackedFamily:
         key = stack_key_of(self.family)
         if any(stack_key_of(f) != key for f in families):
             raise ValueError("families of one stack must share a stack key")
-        names = list(self.family.hyper())
-        rows = [[hp[k] for k in names] for hp in (f.hyper() for f in families)]
+        names = _hyper_row(self.family)[0]
+        rows = []
+        for f in families:
+            own, row = _hyper_row(f)
+            rows.append(row if own == names else tuple(dict(zip(own, row, strict=True))[k] for k in names))
         table = torch.tensor(rows, dtype=dtype, device=device).reshape(len(families), len(names))
         self.hp = {k: table[:, i : i + 1] for i, k in enumerate(names)}
         self.K = len(families)

@@ -384,8 +384,8 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     olds = _summarised([p.state for p in group], state.log_w)  # log Ẑ before the block: the missing ones at once
     # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
-    # each field's per-model views in one call (indexing K times costs K Python-level calls per field)
-    rows = {f: getattr(new, f).unbind(0) for f in sgais.StackState._fields}
+    # each field's per-model views (iterating a tensor makes them cheaper than unbind(0) or K indexing calls)
+    rows = {f: list(getattr(new, f)) for f in sgais.StackState._fields}
     sums = summaries(new.log_w, rows["log_w"])  # log Ẑ, its open-epoch variance and the ESS, for the whole stack
     for k, p in enumerate(group):
         if stats.error[k] is not None:

@@ -12,11 +12,10 @@ from workers.worker.blocks import Block
 
 
 def detect(
-    detector: dict[str, Any], cfg: dict[str, Any], blocks: list[Block], *, stream: str, model: str
+    detector: dict[str, Any], settings: detector_lib.AlertSettings, blocks: list[Block], *, stream: str, model: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the model's detector (state ``detector``, settings ``cfg["alerts"]``) over ``blocks`` in order:
-    the new detector state and the alert bodies raised (``stream`` and ``model`` filled in)."""
-    settings = detector_lib.AlertSettings(**cfg.get("alerts", {}))
+    """Run the model's detector (state ``detector``, its ``settings``: the model's ``cfg["alerts"]``) over
+    ``blocks`` in order: the new detector state and the alert bodies raised (``stream`` and ``model`` filled in)."""
     found: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
     for i, b in enumerate(blocks):

@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from workers.alerts import AlertSettings
 from workers.engine import ModelEngine
 from workers.quarantine import Budget, attempts_key
 from workers.segmented import SegmentedEngine
@@ -54,6 +55,13 @@ class Held:
     attempt_id: str = ""
     attempt_cursor: bytes | None = None
     budget: Budget | None = None
+    _alerts: tuple[dict[str, Any], AlertSettings] | None = field(default=None, repr=False)
+
+    def alert_settings(self) -> AlertSettings:
+        """``cfg["alerts"]`` validated once per config (a reload replaces ``cfg``, never edits it), not per chunk."""
+        if self._alerts is None or self._alerts[0] is not self.cfg:
+            self._alerts = (self.cfg, AlertSettings(**self.cfg.get("alerts", {})))
+        return self._alerts[1]
 
     @property
     def stream(self) -> str:

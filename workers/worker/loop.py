@@ -389,7 +389,9 @@ class Worker(quarantine.QuarantineHooks):
         for c in chunks:
             h = c.h
             try:
-                h.detector, found = detect.detect(h.detector, h.cfg, c.blocks, stream=h.stream, model=h.name)
+                h.detector, found = detect.detect(
+                    h.detector, h.alert_settings(), c.blocks, stream=h.stream, model=h.name
+                )
                 if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
                     found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
                 rows = [b.row for b in c.blocks]
