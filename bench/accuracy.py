@@ -87,7 +87,13 @@ def run(n: int, seed: int, sampler: dict, checkpoints: list[int]) -> dict:
         m = start + CHUNK
         if m in checkpoints:
             errors[m] = engine.log_evidence - exact.log_evidence
-    return {"errors": errors, "seconds": engine_seconds, "cpu_seconds": cpu_seconds, "block_seconds": block_seconds}
+    return {
+        "errors": errors,
+        "seconds": engine_seconds,
+        "cpu_seconds": cpu_seconds,
+        "block_seconds": block_seconds,
+        "degraded": engine.degraded,
+    }
 
 
 def block_time_around(block_seconds: dict[int, float], n: int, width: int = 20) -> float:
@@ -138,6 +144,11 @@ def main() -> None:
                 + " ".join(f"{e:+.2f}" for e in errs)
             )
         cpu = sum(r["cpu_seconds"] for r in results)
+        flagged = [r["degraded"] for r in results if r["degraded"]]
+        print(
+            f"status degraded at the end: {len(flagged)} of {args.seeds} seeds"
+            + (f" ({flagged[0]})" if flagged else "")
+        )
         print(
             f"throughput: {args.seeds * args.n / seconds:,.0f} observations/s (engine wall time only, single model); "
             f"{args.seeds * args.n / cpu:,.0f} per engine CPU second; load average {os.getloadavg()[0]:.1f}"
