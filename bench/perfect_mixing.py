@@ -11,12 +11,13 @@ log-evidence and of ``log Ẑ`` before its ``σ̂²/2`` correction, the spread o
 ratio and the share of seeds within ±2 SE.  The exact draws come from one generator of their own, outside the
 models' random streams: a diagnostic, not a sampler.
 
-    python bench/perfect_mixing.py [--moves exact|sghmc] [--ns 2000 10000 30000] [--seeds 48]
+    python bench/perfect_mixing.py [--moves exact|sghmc] [--ns 2000 10000 30000] [--seeds 48] [--sampler JSON]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 
@@ -60,6 +61,7 @@ def main() -> None:
     ap.add_argument("--ns", nargs="+", type=int, default=[2000, 10000, 30000])
     ap.add_argument("--seeds", type=int, default=48)
     ap.add_argument("--data-seed", type=int, default=100)
+    ap.add_argument("--sampler", type=json.loads, default={}, help="sampler overrides, e.g. '{\"burn_in\": 80}'")
     a = ap.parse_args()
     torch.set_num_threads(1)
     n = max(a.ns)
@@ -68,7 +70,7 @@ def main() -> None:
     y = x @ torch.tensor([1.0, -0.5, 0.3], dtype=D64) + 0.2 + torch.randn(n, generator=g, dtype=D64)
     if a.moves == "exact":
         sgais._move = exact_moves(x, y)
-    engines = [ModelEngine("linear_regression", {"features": 3}, {"seed": s}) for s in range(a.seeds)]
+    engines = [ModelEngine("linear_regression", {"features": 3}, {**a.sampler, "seed": s}) for s in range(a.seeds)]
     print(f"{'moves':<6} {'n':>6} {'mean err':>9} {'uncorr.':>8} {'std':>6} {'RMS SE':>7} {'ratio':>6} {'in 2 SE':>7}")
     done = 0
     for m in sorted(a.ns):
