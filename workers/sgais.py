@@ -212,7 +212,9 @@ def epoch_variance(log_w: torch.Tensor) -> torch.Tensor:
     1.03 / 1.05 (200,000 replicates, ad hoc); the jackknife variance is biased upward for an average of i.i.d.
     terms (Efron & Stein 1981, *Ann. Statist.* 9(3)), not downward.  ``ℓ_(i)`` is formed in log space (the
     largest weight's left out by a log-sum-exp of the others), so a population whose weight sits on one
-    particle gets the large variance it has, not a cancellation to ``−∞``.
+    particle gets the large variance it has, not a cancellation to ``−∞``.  Where every other particle has zero
+    weight (log-weight ``−∞``) the jackknife is undefined and the delta method's value (at most 1) is returned; a NaN
+    log-weight gives NaN, as before (the kernel's guards report it).
     """
     M = log_w.shape[-1]
     lw = log_w.to(torch.float64)
@@ -222,7 +224,11 @@ def epoch_variance(log_w: torch.Tensor) -> torch.Tensor:
     arg = lw.argmax(-1, keepdim=True)
     others = torch.logsumexp(lw.scatter(-1, arg, -torch.inf), -1, keepdim=True) - top
     loo = loo.scatter(-1, arg, others)
-    return (M - 1) / M * ((loo - loo.mean(-1, keepdim=True)) ** 2).sum(-1)
+    jack = (M - 1) / M * ((loo - loo.mean(-1, keepdim=True)) ** 2).sum(-1)
+    if bool(torch.isinf(others).any()):  # a single particle with weight: the delta method's bounded value
+        delta = (torch.exp(torch.logsumexp(2 * lw, -1) - 2 * torch.logsumexp(lw, -1)) - 1.0 / M) * (M / (M - 1))
+        jack = torch.where(torch.isinf(others[..., 0]), delta, jack)
+    return jack
 
 
 def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.Tensor) -> torch.Tensor:

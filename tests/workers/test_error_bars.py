@@ -1,6 +1,7 @@
 """``log_evidence_se``: the Monte Carlo standard error of log Ẑ (issue 10 §2, acceptance 2).
 
-The estimator (``workers/sgais.py``, "Error bars") sums ``1/ESS − 1/M`` over resampling epochs.
+The estimator (``workers/sgais.py``, "Error bars") sums each resampling epoch's jackknife variance of ``log r_e``
+over the particles (to first order ``M/(M − 1)·(1/ESS − 1/M)``).
 
 * Known variance: plain importance sampling with log-normal weights ``log w = a z``, ``z ~ N(0, 1)``,
   where ``Var(log Ẑ) → (e^{a²} − 1)/M`` (delta method on ``Var(w)/E[w]² = e^{a²} − 1``).
@@ -45,6 +46,28 @@ def test_epoch_variance_matches_the_log_normal_importance_sampling_variance():
     assert abs(log_z.var().item() / truth - 1) < 4 * math.sqrt(2 / (R - 1))
     # uniform weights: no Monte Carlo error
     assert epoch_variance(torch.zeros(3, 7, dtype=D64)).abs().max() < 1e-15
+
+
+def test_epoch_variance_is_not_low_for_skewed_weights_at_ten_particles():
+    """M = 10 log-normal weights of log-variance 1 (an epoch closing at a third of its ESS): the delta method,
+    M/(M − 1)·(1/ESS − 1/M), averages about 0.73 of the true variance of log Ẑ (the spread over 20,000
+    replicates); the jackknife over the particles (workers.sgais.epoch_variance) 1.01–1.05 (seeds 0–2), biased
+    upward if at all (Efron–Stein).  Monte Carlo error of the ratio: the spread's relative sd is
+    √(2/R)·(kurtosis factor ≲ 1.5) ≈ 1.5%, the jackknife mean's 1.3/√R ≈ 1%; the band [0.93, 1.15] leaves ≥ 4 of
+    them on each side of the measured values, and the delta method's 0.73 lies far below it."""
+    R, M, a = 20_000, 10, 1.0
+    g = torch.Generator().manual_seed(0)
+    log_w = a * torch.randn(R, M, generator=g, dtype=D64)
+    spread = (torch.logsumexp(log_w, -1) - math.log(M)).var().item()
+    ratio = epoch_variance(log_w).mean().item() / spread
+    assert 0.93 < ratio < 1.15, ratio
+    delta = (torch.exp(torch.logsumexp(2 * log_w, -1) - 2 * torch.logsumexp(log_w, -1)) - 1 / M) * M / (M - 1)
+    assert delta.mean().item() / spread < 0.85  # what the jackknife replaced
+    # one particle with all the weight: a large but finite variance; with the others at exactly zero weight, the
+    # delta method's bounded value
+    one = torch.tensor([[0.0] + [-50.0] * 9, [0.0] + [-math.inf] * 9], dtype=D64)
+    v = epoch_variance(one)
+    assert torch.isfinite(v).all() and v[0] > 100 and abs(v[1].item() - 1.0) < 1e-12
 
 
 def _spread_and_rms_se(engines, errors):
