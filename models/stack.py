@@ -58,11 +58,8 @@ class StackedFamily:
         key = stack_key_of(self.family)
         if any(stack_key_of(f) != key for f in families):
             raise ValueError("families of one stack must share a stack key")
-        names = _hyper_row(self.family)[0]
-        rows = []
-        for f in families:
-            own, row = _hyper_row(f)
-            rows.append(row if own == names else tuple(dict(zip(own, row, strict=True))[k] for k in names))
+        names = _hyper_row(self.family)[0]  # one stack key: the same hyperparameters in the same order
+        rows = [_hyper_row(f)[1] for f in families]
         table = torch.tensor(rows, dtype=dtype, device=device).reshape(len(families), len(names))
         self.hp = {k: table[:, i : i + 1] for i, k in enumerate(names)}
         self.K = len(families)

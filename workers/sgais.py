@@ -225,10 +225,9 @@ def epoch_variance(log_w: torch.Tensor) -> torch.Tensor:
     others = torch.logsumexp(lw.scatter(-1, arg, -torch.inf), -1, keepdim=True) - top
     loo = loo.scatter(-1, arg, others)
     jack = (M - 1) / M * ((loo - loo.mean(-1, keepdim=True)) ** 2).sum(-1)
-    if bool(torch.isinf(others).any()):  # a single particle with weight: the delta method's bounded value
-        delta = (torch.exp(torch.logsumexp(2 * lw, -1) - 2 * torch.logsumexp(lw, -1)) - 1.0 / M) * (M / (M - 1))
-        jack = torch.where(torch.isinf(others[..., 0]), delta, jack)
-    return jack
+    # a single particle with weight: the delta method's bounded value (selected without a host sync)
+    delta = (torch.exp(torch.logsumexp(2 * lw, -1) - 2 * torch.logsumexp(lw, -1)) - 1.0 / M) * (M / (M - 1))
+    return torch.where(torch.isinf(others[..., 0]), delta, jack)
 
 
 def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.Tensor) -> torch.Tensor:
