@@ -7,6 +7,11 @@ worker time per observation with challengers (:class:`SegmentedEngine`) and with
 :class:`ModelEngine` on the same blocks, same seed): the challenger cost (item 6).
 
     python bench/nile.py [--models gmm1,ar1] [--changepoint '{"ess_target": 0.5}']
+
+With ``--chunks 1,5,50`` it checks acceptance 4 instead: the series posted in chunks of each size with the
+sampler's default ``block_size`` (a chunk is then one block, cut by the stream's start ramp,
+:func:`workers.segmented.ramp_bounds`), the alerts per model and chunk size; PASS when every chunking gives the
+alerts of chunks of one within ±1.
 """
 
 from __future__ import annotations
@@ -64,13 +69,40 @@ def run(name: str, z: np.ndarray, challengers: bool, cps: dict | None = None) ->
     }
 
 
+def chunked(name: str, z: np.ndarray, chunk: int, cps: dict) -> list[tuple[int, int, float]]:
+    """(location, detected at, log BF) of the alerts with the series posted ``chunk`` values at a time, default
+    ``block_size``."""
+    family, params = MODELS[name]
+    eng = SegmentedEngine.create(family, params, {"seed": SAMPLER["seed"]}, ChangepointSettings(**cps))
+    found = []
+    for k in range(0, len(z), chunk):
+        eng.update(None, [float(v) for v in z[k : k + chunk]])
+        found += [
+            (a["observation_index"], a["detected_at_index"], round(a["log_bayes_factor"], 2)) for a in eng.take_alerts()
+        ]
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gmm1,ar1")
     ap.add_argument("--changepoint", default="{}", help="ChangepointSettings overrides as JSON (default: the defaults)")
+    ap.add_argument("--chunks", default=None, help="comma-separated chunk sizes: check acceptance 4 (docstring)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     z = nile()
+    if args.chunks:
+        for name in args.models.split(","):
+            per = {c: chunked(name, z, c, json.loads(args.changepoint)) for c in map(int, args.chunks.split(","))}
+            one = [a[0] for a in per.get(1) or chunked(name, z, 1, json.loads(args.changepoint))]
+            same = all(
+                len(v) == len(one) and all(abs(a[0] - b) <= 1 for a, b in zip(v, one, strict=True))
+                for v in per.values()
+            )
+            print(
+                json.dumps({"model": name, "alerts by chunk size": {str(c): v for c, v in per.items()}, "PASS": same})
+            )
+        return
     for name in args.models.split(","):
         plain = run(name, z, challengers=False)
         seg = run(name, z, challengers=True, cps=json.loads(args.changepoint))

@@ -91,8 +91,43 @@ class _Step:
     alive: list[tuple[Challenger, Any]] = field(default_factory=list)  # live challengers and their states
     spawn: Challenger | None = None  # a challenger started in this block
     spawn_k: int = 0  # its first row in the block (it absorbs rows spawn_k..)
+    tail_only: bool = False  # starts a challenger only if the block's rows from the split drop (_after_main)
     info: BlockInfo | None = None  # the main population's
     value: float = math.nan  # its per-observation log-predictive (nats)
+
+
+def ramp_bounds(first: int, n: int, block_size: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` offsets of the sub-blocks a block of ``n`` values starting at stream index ``first`` is
+    absorbed in: cut at the stream indices 1, 2, 4, 8, … below ``block_size`` (the stream's start ramp), whole
+    otherwise.
+
+    Why: a challenger may start only in a block after the segment's first (before it the main population is the
+    prior, whose predictive cannot place a change, :func:`_locate`), and only inside the block whose drop starts
+    it.  With the ramp a change among the stream's first ``block_size`` values sits in a sub-block of at most
+    half the values before it, whatever the chunking: posted in one chunk of 50, a shift at 28 is found at 28, as
+    with chunks of one (``tests/workers/test_changepoint.py``).  Each block gets at most ⌈log₂ block_size⌉ extra
+    cuts, once per stream.
+    """
+    cuts, b = [0], 1
+    while b < min(first + n, block_size):
+        if b > first:
+            cuts.append(b - first)
+        b *= 2
+    cuts.append(n)
+    return list(zip(cuts[:-1], cuts[1:], strict=False))
+
+
+def _merged(a: BlockInfo, b: BlockInfo) -> BlockInfo:
+    """One block's diagnostics from those of two consecutive sub-blocks ``a`` then ``b``."""
+    return b._replace(
+        observations=a.observations + b.observations,
+        log_predictive=a.log_predictive + b.log_predictive,
+        annealing_steps=a.annealing_steps + b.annealing_steps,
+        resampled=a.resampled or b.resampled,
+        guard_tripped=a.guard_tripped or b.guard_tripped,
+        reannealed=a.reannealed or b.reannealed,
+        log_evidence_correction=a.log_evidence_correction + b.log_evidence_correction,
+    )
 
 
 def advance_blocks(
@@ -104,7 +139,10 @@ def advance_blocks(
     """Absorb one validated block ``blocks[i] = (x: [B, d] | None, y: [B, ...])`` (``B ≤ block_size``) into
     each ``engines[i]``: every main population and every challenger of every engine in ONE
     :func:`~workers.stacking.advance_stack` call (models of one stack key share one kernel call), then the
-    challengers that a drop of the log-predictive starts at this block in a second one.
+    challengers that a drop of the log-predictive starts at this block in a second one.  With challengers, a block
+    among the stream's first ``block_size`` values is absorbed in the sub-blocks of :func:`ramp_bounds` (the
+    engines' sub-blocks ``j`` in one round of such calls), and its diagnostics are their sum (:func:`_merged`;
+    ``last_block["change_point"]`` true when any sub-block confirmed a change).
 
     Each population's bits are those it gets alone (``advance_stack``), so engine ``i`` ends exactly as
     ``engines[i].update(*blocks[i])`` alone would leave it.  The result of engine ``i`` is its block's
@@ -112,6 +150,32 @@ def advance_blocks(
     :class:`~workers.sgais.NumericalError` of its main population or of a challenger); the others are
     unaffected.  A failed engine is to be discarded (its populations that did absorb the block keep it).
     """
+    parts = [
+        ramp_bounds(seg.observations, int(yb.shape[0]), seg.settings.block_size) if seg.cp.enabled else [(0, None)]
+        for seg, (_, yb) in zip(engines, blocks, strict=True)
+    ]
+    out: list[BlockInfo | Exception | None] = [None] * len(engines)
+    changed = [False] * len(engines)
+    for j in range(max(len(p) for p in parts)):
+        idx = [k for k, p in enumerate(parts) if j < len(p) and not isinstance(out[k], Exception)]
+        sub = []
+        for k in idx:
+            (xb, yb), (a, b) = blocks[k], parts[k][j]
+            sub.append(((xb[a:b] if xb is not None else None), yb[a:b]))
+        for k, res in zip(idx, _advance_once([engines[k] for k in idx], sub, heartbeat), strict=True):
+            prev = out[k]
+            out[k] = _merged(prev, res) if isinstance(prev, BlockInfo) and isinstance(res, BlockInfo) else res
+            changed[k] = changed[k] or bool(engines[k].last_block.get("change_point"))
+    for k, seg in enumerate(engines):
+        if changed[k]:
+            seg.last_block["change_point"] = True
+    return out  # type: ignore[return-value]
+
+
+def _advance_once(
+    engines: Sequence[SegmentedEngine], blocks: Sequence[tuple[Any, Any]], heartbeat: Callable[[], None] | None
+) -> list[BlockInfo | Exception]:
+    """:func:`advance_blocks` of one (sub-)block per engine, without the ramp."""
     steps: list[_Step | None] = []
     out: list[BlockInfo | Exception | None] = [None] * len(engines)
     for k, (seg, (xb, yb)) in enumerate(zip(engines, blocks, strict=True)):
@@ -133,13 +197,14 @@ def advance_blocks(
                 continue
             if states is not None:
                 due.append((k, st, states))
+    due = _tails_checked(due, out)
     spawns: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]] = []
     located = _locate_each([(st.seg, states, st.xb, st.yb) for _, st, states in due])
     for (k, st, _), where in zip(due, located, strict=True):
         try:
             if isinstance(where, Exception):
                 raise where
-            c = st.seg._spawn(st, *where)
+            c = st.seg._spawn(st, *where[:2])
         except Exception as err:
             out[k] = err
             continue
@@ -157,6 +222,23 @@ def advance_blocks(
                 out[k] = err
     assert all(v is not None for v in out)
     return out  # type: ignore[return-value]
+
+
+def _tails_checked(due: list[tuple[int, _Step, list[Any]]], out: list[Any]) -> list[tuple[int, _Step, list[Any]]]:
+    """The engines of ``due`` that start a challenger: a block that neither reached the grid nor dropped as a whole
+    starts one only if its rows from the split drop (:meth:`SegmentedEngine._tail_drops`; the main population's
+    predictive alone decides, in one stacked :func:`_locate` call; every population's then places the start).  An
+    engine whose check fails gets its exception in ``out``."""
+    tails = [(k, st, states) for k, st, states in due if st.tail_only]
+    checked = _locate_each([(st.seg, states[:1], st.xb, st.yb) for _, st, states in tails])
+    for (k, st, _), where in zip(tails, checked, strict=True):
+        try:
+            if isinstance(where, Exception):
+                raise where
+            st.tail_only = not st.seg._tail_drops(st, where[0], where[2])
+        except Exception as err:
+            out[k] = err
+    return [(k, st, states) for k, st, states in due if not st.tail_only and not isinstance(out[k], Exception)]
 
 
 def _stacked(
@@ -178,13 +260,13 @@ def _stacked(
 
 def _locate_each(
     requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
-) -> list[tuple[int, list[float]] | Exception]:
+) -> list[tuple[int, list[float], tuple[float, int]] | Exception]:
     """:func:`_locate` of all the requests at once; if that fails, of each alone, so that the failure is that
     engine's result (its exception) and the others are unaffected."""
     try:
         return list(_locate(requests))
     except Exception:
-        out: list[tuple[int, list[float]] | Exception] = []
+        out: list[tuple[int, list[float], tuple[float, int]] | Exception] = []
         for req in requests:
             try:
                 out += _locate([req])
@@ -193,10 +275,13 @@ def _locate_each(
         return out
 
 
-def _locate(requests: list[tuple[SegmentedEngine, list[Any], Any, Any]]) -> list[tuple[int, list[float]]]:
+def _locate(
+    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
+) -> list[tuple[int, list[float], tuple[float, int]]]:
     """For each ``(engine, states, xb, yb)``: where in the block a challenger started at it most probably starts,
-    and each population's log-predictive of the block's values before it (nats; ``states``: the populations'
-    states before the block, main first).
+    each population's log-predictive of the block's values before it (nats; ``states``: the populations'
+    states before the block, main first), and the main population's mean per-row log-predictive of the values from
+    there on with their count (the block's "tail", nats and rows).
 
     Each population's one-step predictive of every row from its particles before the block,
     ``log p̂(y_i | y_{<f}) = logsumexp_m(log w̄_m + log p(y_i | θ_m))`` (the first annealing increment,
@@ -231,22 +316,26 @@ def _locate(requests: list[tuple[SegmentedEngine, list[Any], Any, Any]]) -> list
             ll = fam.log_likelihood(torch.stack([g[2] for g in group]), x, torch.stack([g[4] for g in group]))
             for i, g in enumerate(group):
                 rows[g[0]] = (ll[i], g[5])
-    out: list[tuple[int, list[float]]] = []
+    out: list[tuple[int, list[float], tuple[float, int]]] = []
     for r, (seg, states, _, yb) in enumerate(requests):
         if int(yb.shape[0]) <= 1:
-            out.append((0, [0.0] * len(states)))
+            out.append((0, [0.0] * len(states), (math.nan, 0)))
             continue
         prefix: list[torch.Tensor] = []
-        k = 0
+        k, tail = 0, (math.nan, 0)
         with torch.no_grad():
             for j, st in enumerate(states):
                 ll, off = rows[(r, j)]  # [M, R]
                 lw = st.log_w - torch.logsumexp(st.log_w, 0)
                 if j == 0:
-                    k = off + seg._split(torch.logsumexp(lw[:, None] + ll, 0))
+                    lp = torch.logsumexp(lw[:, None] + ll, 0)
+                    split = seg._split(lp)
+                    k = off + split
+                    if split < int(lp.shape[0]):
+                        tail = (float(lp[split:].mean()), int(lp.shape[0]) - split)
                 n = k - off
                 prefix.append(torch.zeros(()) if n <= 0 else torch.logsumexp(lw + ll[:, :n].sum(1), 0))
-        out.append((k, [float(v) for v in prefix]))
+        out.append((k, [float(v) for v in prefix], tail))
     return out
 
 
@@ -388,9 +477,10 @@ class SegmentedEngine:
 
     def _after_main(self, step: _Step, info: BlockInfo) -> list[Any] | None:
         """After the main population and the challengers absorbed the block: the challengers that failed are
-        dropped; a challenger is due when the block dropped (``spawn_z``) or reached the geometric grid.
-        Returns the live populations' states before the block (main first), where :func:`_locate` places it, or
-        None when no challenger starts."""
+        dropped; a challenger is due when the block dropped (``spawn_z``) or reached the geometric grid, and may be
+        when a block of several rows did neither (``step.tail_only``: if its rows from the split drop,
+        :meth:`_tail_drops`).  Returns the live populations' states before the block (main first), where
+        :func:`_locate` places it, or None when no challenger starts."""
         step.info = info
         n = int(step.yb.shape[0])
         alive = [
@@ -403,11 +493,23 @@ class SegmentedEngine:
         step.value = info.log_predictive / rows if rows > 0 else math.nan
         z = cp.drop_score(self.state, self.cp, step.value, rows)
         first = step.first
-        due = first > self.state["segment_start"] and cp.grid_due(self.state, self.cp, first)
-        if first > self.state["segment_start"] and (due or z >= self.cp.spawn_z):
-            step.alive = alive
-            return [step.states[0]] + [s for _, s in alive]
-        return None
+        if first <= self.state["segment_start"]:
+            return None
+        due = cp.grid_due(self.state, self.cp, first)
+        step.alive = alive
+        step.tail_only = not (due or z >= self.cp.spawn_z)
+        if step.tail_only and (n <= 1 or len(self.state["values"]) < 2):
+            return None  # one row: its drop is the block's; no baseline yet: no drop
+        return [step.states[0]] + [s for _, s in alive]
+
+    def _tail_drops(self, step: _Step, k: int, tail: tuple[float, int]) -> bool:
+        """Whether a block that neither reached the grid nor dropped as a whole starts a challenger at row ``k``
+        (:func:`_locate`): when its rows from ``k`` on, ``tail = (mean per-row log-predictive, rows)``, drop
+        ``spawn_z`` spreads below the segment's baseline (:func:`workers.changepoint.drop_score`).  A change near a
+        block's end moves the block's mean little: posted in chunks of 5, the Nile's shift at 28 (two of the block
+        25-29's values) started a challenger only in the next block, at 31, and a gmm confirmed 31."""
+        del k  # the split's row: where the tail starts (the spawn re-locates with every population)
+        return not step.tail_only or cp.drop_score(self.state, self.cp, *tail) >= self.cp.spawn_z
 
     def _spawn(self, step: _Step, k: int, prefix: list[float]) -> Challenger:
         """The challenger started at row ``k`` of the block (:func:`_locate`; ``prefix``: each live population's
@@ -438,9 +540,16 @@ class SegmentedEngine:
 
     def _split(self, lp: torch.Tensor) -> int:
         """The row ``k`` where a block's per-row log-predictives ``lp: [R]`` most probably change level: least
-        squares with the rows before ``k`` at the segment's median per-observation log-predictive and the rows
-        from ``k`` on at their own mean (``k = 0``: the whole block is new).  Before any baseline block the
-        rows before ``k`` take their own mean too (the classic one-change split, ``k ≥ 1``)."""
+        squares with the rows from ``k`` on at their own mean and the rows before ``k`` at theirs, shrunk towards
+        the segment's median per-observation log-predictive as if that were one more row before the block
+        (``k = 0``: the whole block is new).  Before any baseline block the rows before ``k`` take their own mean
+        alone (the classic one-change split, ``k ≥ 1``).
+
+        Why the median enters as one row and not as the level: the median of the segment's first blocks can sit
+        far from the level the population reached (its prior-to-posterior transient); anchored at it, the rows
+        before a change cost more than one extreme row alone, and an AR(1) on the Nile posted in one chunk of 50
+        placed its change at 31 instead of 28.
+        """
         r = int(lp.shape[0])
         if r <= 1:
             return 0
@@ -449,14 +558,15 @@ class SegmentedEngine:
         s2 = torch.flip(torch.cumsum(rev * rev, 0), [0])
         count = torch.arange(r, 0, -1, dtype=lp.dtype)
         post = s2 - s1 * s1 / count  # squared error of rows k.. about their mean
+        c1 = torch.cat([lp.new_zeros(1), torch.cumsum(lp, 0)[:-1]])  # Σ_{i<k} lp_i, k = 0..R−1
+        c2 = torch.cat([lp.new_zeros(1), torch.cumsum(lp * lp, 0)[:-1]])
         if self.state["values"]:
             med, _ = cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)
-            pre = torch.cat([lp.new_zeros(1), torch.cumsum((lp - med) ** 2, 0)[:-1]])
+            c1, c2 = c1 + med, c2 + med * med
+            pre = c2 - c1 * c1 / torch.arange(1, r + 1, dtype=lp.dtype)
             return int(torch.argmin(pre + post))
-        c1 = torch.cumsum(lp, 0)[:-1]  # rows 0..k−1, k = 1..R−1
-        c2 = torch.cumsum(lp * lp, 0)[:-1]
-        pre = c2 - c1 * c1 / torch.arange(1, r, dtype=lp.dtype)
-        return 1 + int(torch.argmin(pre + post[1:]))
+        pre = c2 - c1 * c1 / torch.arange(0, r, dtype=lp.dtype).clamp(min=1)
+        return 1 + int(torch.argmin(pre[1:] + post[1:]))
 
     def _after_block(self, step: _Step) -> None:
         """The change posterior after every population absorbed the block: alerts, confirmation, pruning."""

@@ -11,9 +11,10 @@ from contextlib import contextmanager
 import torch
 from fastapi.testclient import TestClient
 
-from workers.engine import ModelEngine
+from workers.segmented import SegmentedEngine
 from workers.store import records
 from workers.worker.blocks import absorb_chunk
+from workers.worker.restore import changepoint_settings
 
 
 def linear_chunks(n_chunks: int, size: int, seed: int = 0, features: int = 2) -> list[dict]:
@@ -33,9 +34,10 @@ COMPARED = ("seq", "first_index", "block_observations", "observations", *records
 
 
 def reference_trace(model: dict, chunks: list[dict]) -> list[dict]:
-    """The trace an uninterrupted bare engine produces on ``chunks`` (the worker's path from a chunk to its
-    trace rows, :func:`workers.worker.blocks.absorb_chunk`, without Redis)."""
-    eng = ModelEngine(model["family"], model["params"], model["sampler"])
+    """The trace an uninterrupted engine produces on ``chunks``: the worker's engine (the model with its
+    challengers, whose settings cut the stream's first block, :func:`workers.segmented.ramp_bounds`) and its path
+    from a chunk to its trace rows (:func:`workers.worker.blocks.absorb_chunk`), without Redis."""
+    eng = SegmentedEngine.create(model["family"], model["params"], model["sampler"], changepoint_settings(model))
     rows: list[dict] = []
     for chunk in chunks:
         first = rows[-1]["observations"] if rows else 0

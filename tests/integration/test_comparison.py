@@ -107,8 +107,13 @@ def test_log_bayes_factors_within_tolerance_of_exact_on_extreme_first_values(api
         "ar2": {"family": "autoregressive", "params": {"order": 2, "noise_std": 1.0}},
         "gmm": {"family": "gmm", "params": {"dim": 1, "components": 1}},
     }
+    # without challengers: with them the AR(1) rightly confirms a change at 26 (log B̂ 8.25 ± 0.54; exact 9.98 by
+    # models.conjugate on the two segments), after which its value is the evidence given that change, not the one
+    # compared here
+    off = {"change_point": {"enabled": False}}
     for i, (name, body) in enumerate(models.items()):
-        res = api.post("/v1/models", json={"name": name, "stream": "s", **body, "sampler": {"seed": 20 + i}})
+        body = {"name": name, "stream": "s", **body, "sampler": {"seed": 20 + i}, "alerts": off}
+        res = api.post("/v1/models", json=body)
         assert res.status_code == 201, res.text
     for k in range(N // 500):
         chunk = {"seq": k + 1, "y": y[500 * k : 500 * (k + 1)].tolist()}

@@ -152,30 +152,33 @@ def test_one_or_fifty_per_chunk_default_blocks(family):
     assert abs(found[1][0] - found[50][0]) <= 1 and abs(found[50][0] - 137) <= 1, found
 
 
-def _first_block_alerts(chunk: int) -> list[int]:
-    """Alert locations for a 3-sd shift at 28 of 100 values (gmm, default sampler and block_size) posted in
-    chunks of ``chunk``."""
+@pytest.mark.parametrize("family", [GAUSS, ("autoregressive", {"order": 1})], ids=["gmm", "ar1"])
+@pytest.mark.parametrize("chunk", [1, 5, 50])
+def test_a_change_inside_the_first_block_is_found_whatever_the_chunking(family, chunk):
+    """Acceptance 4 inside the stream's first block: a 3-sd shift at 28 of 100 values (default sampler and
+    block_size) posted in chunks of 1, 5 or 50 is found at 28, once.  A chunk of 50 is absorbed in the ramp's
+    sub-blocks 0-1, 1-2, 2-4, …, 16-32, 32-50 (workers.segmented.ramp_bounds): without them it was one block,
+    the segment's first, where no challenger may start, and nothing was found (session 20).  A chunk of 5 holds
+    the change in its last three rows: the block's drop is diluted, its tail's is not (SegmentedEngine._tail_drops);
+    without that rule a gmm confirmed 31 on the Nile's chunks of 5."""
     y = shifted(100, 28, 3.0, seed=23)
-    eng = SegmentedEngine.create(*GAUSS, {"seed": 0}, cp.ChangepointSettings())
+    eng = SegmentedEngine.create(*family, {"seed": 0}, cp.ChangepointSettings())
     found = []
     for k in range(0, 100, chunk):
         eng.update(None, y[k : k + chunk])
         found += [a["observation_index"] for a in eng.take_alerts()]
-    return found
+    assert found == [28]
 
 
-def test_a_change_inside_the_first_block_is_found_with_chunks_of_one():
-    assert _first_block_alerts(1) == [28]
+def test_the_ramp_cuts_only_the_streams_first_block_size_values():
+    from workers.segmented import ramp_bounds
 
-
-@pytest.mark.xfail(strict=True, reason="known gap (session 20): no candidate may start in a segment's first block")
-def test_a_change_inside_the_first_block_is_found_with_chunks_of_fifty():
-    """Acceptance 4 where it fails today: the shift above posted in chunks of 50.  A chunk of 50 is one block
-    holding the change, the segment's first, where SegmentedEngine._after_main lets no challenger start, so
-    nothing is found (the Nile behaves the same, bench/README.md "Session 20").  Strict: when a fix lands this
-    test fails and must become a plain test."""
-    found = _first_block_alerts(50)
-    assert len(found) == 1 and abs(found[0] - 28) <= 1, found
+    assert ramp_bounds(0, 50, 500) == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 50)]
+    assert ramp_bounds(2, 48, 500) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 48)]  # after the two single values
+    assert ramp_bounds(5, 5, 500) == [(0, 3), (3, 5)]
+    assert ramp_bounds(256, 244, 500) == [(0, 244)]
+    assert ramp_bounds(500, 500, 500) == [(0, 500)]
+    assert ramp_bounds(0, 5, 5) == [(0, 1), (1, 2), (2, 4), (4, 5)]
 
 
 @pytest.mark.slow
