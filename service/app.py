@@ -54,6 +54,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             for t in threads:
                 t.join(timeout=30)
             await events.close_hub(app)  # the shared WebSocket subscription (issue 11)
+            chunks.shutdown_pool()  # the large-body parsing process
             await app.state.redis.aclose()
 
     app = FastAPI(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,23 +97,24 @@ class _Step:
     value: float = math.nan  # its per-observation log-predictive (nats)
 
 
-def ramp_bounds(first: int, n: int, block_size: int) -> list[tuple[int, int]]:
+def ramp_bounds(first: int, n: int) -> list[tuple[int, int]]:
     """``(start, stop)`` offsets of the sub-blocks a block of ``n`` values starting at stream index ``first`` is
-    absorbed in: cut at the stream indices 1, 2, 4, 8, … below ``block_size`` (the stream's start ramp), whole
-    otherwise.
+    absorbed in: cut so that no sub-block holds more values than the stream before it (the first value aside),
+    i.e. at ``first``'s doublings 2·first, 4·first, … (1, 2, 4, 8, … for a block at the stream's start).
 
     Why: a challenger may start only in a block after the segment's first (before it the main population is the
-    prior, whose predictive cannot place a change, :func:`_locate`), and only inside the block whose drop starts
-    it.  With the ramp a change among the stream's first ``block_size`` values sits in a sub-block of at most
-    half the values before it, whatever the chunking: posted in one chunk of 50, a shift at 28 is found at 28, as
-    with chunks of one (``tests/workers/test_changepoint.py``).  Each block gets at most ⌈log₂ block_size⌉ extra
-    cuts, once per stream.
+    prior, whose predictive cannot place a change, :func:`_locate`), and only from the population's predictive
+    before the block.  Cut this way, a change among a stream's first values sits in a sub-block whose population
+    has seen at least as many values as the sub-block holds, whatever the chunking: posted in one chunk of 50, a
+    shift at 28 is found at 28 (sub-block 16-32), as with chunks of one (``tests/workers/test_changepoint.py``).
+    A block no longer than the values before it is not cut, so a steady feed of small chunks pays nothing after
+    its first chunk: cutting at every power of two below ``block_size`` (the first version) cost a feed of 5-value
+    chunks four extra blocks in its first 100 values, about a fifth more work there (``bench/many_models.py``).
     """
-    cuts, b = [0], 1
-    while b < min(first + n, block_size):
-        if b > first:
-            cuts.append(b - first)
-        b *= 2
+    cuts, a = [0], first
+    while a + 1 < first + n and first + n > 2 * a:
+        a = max(2 * a, a + 1)
+        cuts.append(a - first)
     cuts.append(n)
     return list(zip(cuts[:-1], cuts[1:], strict=False))
 
@@ -151,7 +153,7 @@ def advance_blocks(
     unaffected.  A failed engine is to be discarded (its populations that did absorb the block keep it).
     """
     parts = [
-        ramp_bounds(seg.observations, int(yb.shape[0]), seg.settings.block_size) if seg.cp.enabled else [(0, None)]
+        ramp_bounds(seg.observations, int(yb.shape[0])) if seg.cp.enabled else [(0, None)]
         for seg, (_, yb) in zip(engines, blocks, strict=True)
     ]
     out: list[BlockInfo | Exception | None] = [None] * len(engines)
@@ -505,11 +507,23 @@ class SegmentedEngine:
     def _tail_drops(self, step: _Step, k: int, tail: tuple[float, int]) -> bool:
         """Whether a block that neither reached the grid nor dropped as a whole starts a challenger at row ``k``
         (:func:`_locate`): when its rows from ``k`` on, ``tail = (mean per-row log-predictive, rows)``, drop
-        ``spawn_z`` spreads below the segment's baseline (:func:`workers.changepoint.drop_score`).  A change near a
-        block's end moves the block's mean little: posted in chunks of 5, the Nile's shift at 28 (two of the block
-        25-29's values) started a challenger only in the next block, at 31, and a gmm confirmed 31."""
+        below the segment's baseline (:func:`workers.changepoint.drop_score`) by more than any of the block's
+        ``m = max(R − 2, 1)`` candidate tails would by chance as often as one block drops ``spawn_z``: the
+        Bonferroni level ``z_m = Φ⁻¹(1 − Φ(−spawn_z)/m)`` (2.43 for a 5-row block, 3.31 for 50 rows at
+        ``spawn_z`` 2), since the split picks the lowest tail.
+
+        Why: a change near a block's end moves the block's mean little (posted in chunks of 5, the Nile's shift at
+        28, two of the block 25-29's values, started a challenger only in the next block, at 31, and a gmm confirmed
+        31).  Why the corrected level: at ``spawn_z`` itself the tails started half again as many challengers on a
+        stationary 5-value feed (``bench/changepoint_cost.py``) and cost 128 stacked gmm models 30% more worker time
+        per block (``bench/many_models.py``).
+        """
         del k  # the split's row: where the tail starts (the spawn re-locates with every population)
-        return not step.tail_only or cp.drop_score(self.state, self.cp, *tail) >= self.cp.spawn_z
+        if not step.tail_only:
+            return True
+        m = max((step.info.observations if step.info is not None else 0) - 2, 1)
+        level = statistics.NormalDist().inv_cdf(1.0 - statistics.NormalDist().cdf(-self.cp.spawn_z) / m)
+        return cp.drop_score(self.state, self.cp, *tail) >= level
 
     def _spawn(self, step: _Step, k: int, prefix: list[float]) -> Challenger:
         """The challenger started at row ``k`` of the block (:func:`_locate`; ``prefix``: each live population's

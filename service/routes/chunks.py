@@ -219,6 +219,15 @@ async def _in_process(fn, *args):
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, "request body too large to parse") from None
 
 
+def shutdown_pool() -> None:
+    """Stop the chunk-parsing process, if one was started (the app's lifespan calls this at shutdown: a pool
+    left running outlives the API as an orphan process)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True, cancel_futures=True)
+        _pool = None
+
+
 async def accept_chunk_text(
     r, keys: Keys, settings: Settings, tenant: str, stream: str, text: str, socket: bool = False
 ) -> dict[str, Any]:

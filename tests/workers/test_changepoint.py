@@ -170,15 +170,15 @@ def test_a_change_inside_the_first_block_is_found_whatever_the_chunking(family, 
     assert found == [28]
 
 
-def test_the_ramp_cuts_only_the_streams_first_block_size_values():
+def test_the_ramp_cuts_a_block_only_where_it_outgrows_the_values_before_it():
     from workers.segmented import ramp_bounds
 
-    assert ramp_bounds(0, 50, 500) == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 50)]
-    assert ramp_bounds(2, 48, 500) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 48)]  # after the two single values
-    assert ramp_bounds(5, 5, 500) == [(0, 3), (3, 5)]
-    assert ramp_bounds(256, 244, 500) == [(0, 244)]
-    assert ramp_bounds(500, 500, 500) == [(0, 500)]
-    assert ramp_bounds(0, 5, 5) == [(0, 1), (1, 2), (2, 4), (4, 5)]
+    assert ramp_bounds(0, 50) == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 50)]
+    assert ramp_bounds(2, 48) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 48)]  # after the two single values
+    assert ramp_bounds(2, 3) == [(0, 2), (2, 3)]  # a feed of 5-value chunks: its first chunk only
+    assert ramp_bounds(5, 5) == [(0, 5)] and ramp_bounds(25, 25) == [(0, 25)]
+    assert ramp_bounds(200, 500) == [(0, 200), (200, 500)]
+    assert ramp_bounds(500, 500) == [(0, 500)] and ramp_bounds(0, 1) == [(0, 1)]
 
 
 @pytest.mark.slow
