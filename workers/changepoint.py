@@ -101,7 +101,8 @@ class ChangepointSettings(BaseModel):
         2.0,
         gt=0,
         description="start a challenger at a block whose per-observation log-predictive is this many "
-        "spreads below the segment's recent median",
+        "spreads below the segment's recent median (a block's tail from its most probable change: the "
+        "Bonferroni level over its candidate tails, 2.43 for 5 rows at 2)",
     )
     baseline_blocks: int = Field(50, ge=3, description="recent blocks in the robust baseline (median, MAD)")
     noise_floor: float = Field(
