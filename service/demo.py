@@ -145,7 +145,8 @@ def _status_table(c: SgaisClient, streams: dict[str, dict]) -> Table:
             continue
         done = min((m["observations_processed"] for m in st["models"]), default=0)
         models = "  ".join(
-            f"{m['model'].split('.')[-1]} {m['log_evidence']:.1f} ({m['probability']:.2f})"
+            f"{m['model'].split('.')[-1]} {m['log_evidence']:.1f} ({m['probability']:.2f}"
+            + (", degraded)" if m.get("status") == "degraded" else ")")
             if m.get("probability") is not None
             else f"{m['model'].split('.')[-1]} {m.get('status', 'error')}"
             for m in post.get("models", [])
@@ -302,7 +303,7 @@ def _report(
         leader_drops = sorted(
             a["observation_index"]
             for a in alerts
-            if a["model"] == leader["model"] and a["kind"] in ("evidence_drop", "annealing_spike")
+            if a["model"] == leader["model"] and a["kind"] in ("change_point", "evidence_drop", "annealing_spike")
         )
         rows.append(
             {
@@ -311,6 +312,10 @@ def _report(
                 "stream": stream,
                 "most_probable": leader["model"].split(".")[-1],
                 "probability": round(leader["probability"] or 0.0, 4),
+                # models whose value the sampler could not certify (API.md status "degraded")
+                "degraded": " ".join(
+                    m["model"].split(".")[-1] for m in post["models"] if m.get("status") == "degraded"
+                ),
                 "conditioned_on": post.get("conditioned_on", 0),
                 **{
                     f"logZ_{m['model'].split('.')[-1]}": None
@@ -319,6 +324,7 @@ def _report(
                     for m in post["models"]
                 },
                 "alerts": len(alerts),
+                "change_point": sum(a["kind"] == "change_point" for a in alerts),
                 "evidence_drop": sum(a["kind"] == "evidence_drop" for a in alerts),
                 "annealing_spike": sum(a["kind"] == "annealing_spike" for a in alerts),
                 "model_switch": sum(a["kind"] == "model_switch" for a in alerts),
@@ -348,7 +354,7 @@ def _report(
         f"# SGAIS demo summary\n\nSampler {sampler}; {seconds:.0f} s in all.\n\n" + note + "\n".join(md) + "\n"
     )
     table = Table(
-        *["series", "most probable", "p", "alerts", "change points (leader)", "annotated"],
+        *["series", "most probable", "p", "alerts", "change points (leader)", "annotated", "degraded"],
         title=f"SGAIS demo: done in {seconds:.0f} s; plots and summary in {out}",
     )
     for r in rows:
@@ -359,6 +365,7 @@ def _report(
             str(r["alerts"]),
             r["leader_change_points"],
             r["annotated_change_points"],
+            r["degraded"],
         )
     console.print(table)
     if missing:

@@ -50,7 +50,7 @@ def test_quick_demo_writes_plots_summary_and_alerts(service_url, tmp_path):
     assert int(row["observations"]) == 105
     assert row["most_probable"] in {"ar1", "gmm1"}
     assert 0.5 <= float(row["probability"]) <= 1.0  # the leader of two models
-    for key in ("alerts", "evidence_drop", "annealing_spike", "model_switch"):
+    for key in ("alerts", "change_point", "evidence_drop", "annealing_spike", "model_switch"):
         assert key in row and int(row[key]) >= 0
     assert math.isfinite(float(row["logZ_ar1"])) and math.isfinite(float(row["logZ_gmm1"]))
     png = tmp_path / row["plot"]
@@ -58,7 +58,11 @@ def test_quick_demo_writes_plots_summary_and_alerts(service_url, tmp_path):
     # the alerts the demo counted are the service's, each with the contract's fields
     with SgaisClient(service_url) as c:
         items = c.alerts(stream=row["stream"])
+        post = c.stream_posterior(row["stream"])
     assert len(items) == int(row["alerts"])
+    assert sum(a["kind"] == "change_point" for a in items) == int(row["change_point"])
+    # the models the summary calls degraded are those the service reports so
+    assert row["degraded"].split() == [m["model"].split(".")[-1] for m in post["models"] if m["status"] == "degraded"]
     for a in items:
         assert {
             "id",
