@@ -137,16 +137,18 @@ def test_a_flagged_segment_keeps_the_model_flagged_after_the_change_that_closes_
 
 @pytest.mark.slow
 def test_a_closed_segment_scored_by_too_few_particles_is_flagged():
-    """A change placed deep inside a block closes its segment with an importance estimate of the block's values
-    before it (SegmentedEngine._locate); when the weights' ESS is below PREFIX_ESS of the particles, that estimate is
-    not certified and the model says so.  A 4-sd shift at 245 (blocks of 50, 10 particles): 45 values weighted by
-    the population before the block, ESS 0.46 of the particles; at 230 (30 values) the ESS stays above 0.5."""
+    """A change placed deep inside a block closes its segment with the block's values before it, scored by a copy
+    of the population before the block (SegmentedEngine._annealed_prefix); when those values reweight that
+    population to an ESS below PREFIX_ESS of the particles, they moved it further than an annealing step may, the
+    closed segment's value is not certified and the model says so.  A 4-sd shift at 245 (blocks of 50, 10
+    particles): 45 values reweight the population to an ESS of 0.46 of the particles; at 230 (30 values) the ESS
+    stays above 0.5."""
     from workers.segmented import PREFIX_ESS
 
     late = shifted(400, 245, 4.0, seed=3)
     eng, alerts, _ = run(late, {**CHEAP, "block_size": 50, "seed": 5}, 50)
     assert [a["observation_index"] for a in alerts] == [245]
-    assert eng.closed_degraded is not None and "importance sampling with an ESS of 0.46" in eng.closed_degraded
+    assert eng.closed_degraded is not None and "importance weights of ESS 0.46" in eng.closed_degraded
     assert f"below {PREFIX_ESS}" in eng.degraded
     early = shifted(400, 230, 4.0, seed=4)
     eng, alerts, _ = run(early, {**CHEAP, "block_size": 50, "seed": 5}, 50)
