@@ -35,6 +35,7 @@ this module) restores as a model without challengers and no change so far.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -52,6 +53,7 @@ from workers.stacking import advance_stack
 from workers.state import BlockInfo
 
 FORMAT = 1
+log = logging.getLogger(__name__)
 # below this ESS fraction the importance estimate of a closed segment's last values (those inside the block where the
 # change was placed, SegmentedEngine._locate) is not certified: on the demo's series (blocks of 50, 50 particles)
 # prefixes of 20-37 values scored at an ESS of 1 of 50 put the closed segment 33-40 nats below its exact evidence
@@ -598,7 +600,8 @@ class SegmentedEngine:
             eng.observations = step.first - self.skipped
             eng.evidence_var_since = self.main.evidence_var_since
             eng.update(step.xb[:k] if step.xb is not None else None, step.yb[:k], validated=True)
-        except Exception:
+        except Exception as err:  # e.g. the copy's SGHMC diverged: the importance estimate stands, with its flag
+            log.warning("change at %d: scoring the closed segment's last values failed (%s)", step.first + k, err)
             return None
         if eng.degraded and not pre.degraded:  # flagged by the copy's own checks (a flag before stays the main's)
             return None
