@@ -567,8 +567,10 @@ class SegmentedEngine:
         main = step.states[0]
         step.spawn_k = k
         base, base_var, base_ess = main.log_evidence + prefix[0], main.log_evidence_var, ess[0]
-        annealed = self._annealed_prefix(step, k) if base_ess < 1.0 else None
-        if annealed is not None:  # the ESS of the weights stays the flag (_confirm): the values moved the population
+        # only where the importance estimate is poor (and flagged at confirmation, _confirm): the copy runs alone, and
+        # at every start it cost 128 stacked gmm models 26-73% more worker time per block (bench/many_models.py)
+        annealed = self._annealed_prefix(step, k) if base_ess < PREFIX_ESS else None
+        if annealed is not None:
             base, base_var = annealed
         step.spawn = self._new_challenger(step.first + k, k, base, base_var, bases, base_vars, step.xb, step.yb)
         step.spawn.base_ess = base_ess
@@ -576,7 +578,8 @@ class SegmentedEngine:
         return step.spawn
 
     def _annealed_prefix(self, step: _Step, k: int) -> tuple[float, float] | None:
-        """``(log Ẑ, Var log Ẑ)`` of the main segment up to row ``k`` of the block by SGAIS itself: a copy of
+        """``(log Ẑ, Var log Ẑ)`` of the main segment up to row ``k`` of the block by SGAIS itself (called where the
+        importance weights' ESS is below :data:`PREFIX_ESS`, :meth:`_spawn`): a copy of
         the main population before the block (its history copied back to that point, its own random stream
         :func:`workers.changepoint.challenger_seed` of ``−start − 1``) absorbs rows ``0..k−1``.  The importance
         estimate from the weights before the block (:func:`_locate`) degenerates over many rows: on the demo's series
