@@ -254,7 +254,7 @@ def _tails_checked(due: list[tuple[int, _Step, list[Any]]], out: list[Any]) -> l
         try:
             if isinstance(where, Exception):
                 raise where
-            st.tail_only = not st.seg._tail_drops(st, where[0], where[2])
+            st.tail_only = not st.seg._tail_drops(st, where[2])
         except Exception as err:
             out[k] = err
     return [(k, st, states) for k, st, states in due if not st.tail_only and not isinstance(out[k], Exception)]
@@ -536,9 +536,9 @@ class SegmentedEngine:
             return None  # one row: its drop is the block's; no baseline yet: no drop
         return [step.states[0]] + [s for _, s in alive]
 
-    def _tail_drops(self, step: _Step, k: int, tail: tuple[float, int]) -> bool:
-        """Whether a block that neither reached the grid nor dropped as a whole starts a challenger at row ``k``
-        (:func:`_locate`): when its rows from ``k`` on, ``tail = (mean per-row log-predictive, rows)``, drop
+    def _tail_drops(self, step: _Step, tail: tuple[float, int]) -> bool:
+        """Whether a block that neither reached the grid nor dropped as a whole starts a challenger: when its rows
+        from the split (:func:`_locate`), ``tail = (mean per-row log-predictive, rows)``, drop
         below the segment's baseline (:func:`workers.changepoint.drop_score`) by more than any of the block's
         ``m = max(R − 2, 1)`` candidate tails would by chance as often as one block drops ``spawn_z``: the
         Bonferroni level ``z_m = Φ⁻¹(1 − Φ(−spawn_z)/m)`` (2.43 for a 5-row block, 3.31 for 50 rows at
@@ -550,9 +550,6 @@ class SegmentedEngine:
         stationary 5-value feed (``bench/changepoint_cost.py``) and cost 128 stacked gmm models 30% more worker time
         per block (``bench/many_models.py``).
         """
-        del k  # the split's row: where the tail starts (the spawn re-locates with every population)
-        if not step.tail_only:
-            return True
         m = max((step.info.observations if step.info is not None else 0) - 2, 1)
         level = statistics.NormalDist().inv_cdf(1.0 - statistics.NormalDist().cdf(-self.cp.spawn_z) / m)
         return cp.drop_score(self.state, self.cp, *tail) >= level
