@@ -217,11 +217,12 @@ def _advance_once(
     due = _tails_checked(due, out)
     spawns: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]] = []
     located = _locate_each([(st.seg, states, st.xb, st.yb) for _, st, states in due])
-    for (k, st, _), where in zip(due, located, strict=True):
+    annealed = _annealed_prefixes([(st, where) for (_, st, _), where in zip(due, located, strict=True)], heartbeat)
+    for (k, st, _), where, prefix in zip(due, located, annealed, strict=True):
         try:
             if isinstance(where, Exception):
                 raise where
-            c = st.seg._spawn(st, where[0], where[1], where[3])
+            c = st.seg._spawn(st, where[0], where[1], where[3], prefix)
         except Exception as err:
             out[k] = err
             continue
@@ -241,6 +242,39 @@ def _advance_once(
                 out[k] = err
     assert all(v is not None for v in out)
     return out  # type: ignore[return-value]
+
+
+def _annealed_prefixes(
+    requests: list[tuple[_Step, Any]], heartbeat: Callable[[], None] | None
+) -> list[tuple[float, float] | None]:
+    """Per ``(step, where)`` (``where``: :func:`_locate`'s answer for the step's block, or its exception), the closed
+    segment's ``(log Ẑ, Var log Ẑ)`` up to the start by SGAIS (:meth:`SegmentedEngine._prefix_copy`), where the
+    importance weights' ESS is below :data:`PREFIX_ESS`; else None.  The copies absorb their rows in one
+    :func:`~workers.stacking.advance_stack` call (each gets the bits it gets alone)."""
+    out: list[tuple[float, float] | None] = [None] * len(requests)
+    copies: list[tuple[int, ModelEngine]] = []
+    for i, (st, where) in enumerate(requests):
+        if isinstance(where, Exception) or where[3][0] >= PREFIX_ESS:
+            continue
+        eng = st.seg._prefix_copy(st, where[0])
+        if eng is not None:
+            copies.append((i, eng))
+    blocks = []
+    for i, _ in copies:
+        st, k = requests[i][0], requests[i][1][0]
+        blocks.append((st.xb[:k] if st.xb is not None else None, st.yb[:k]))
+    try:
+        results = advance_stack([e for _, e in copies], blocks, validated=True, heartbeat=heartbeat) if copies else []
+    except Exception as err:  # not a sampler's failure (those are per copy): every importance estimate stands
+        log.warning("scoring the closed segments' last values failed (%s)", err)
+        return out
+    for (i, eng), res in zip(copies, results, strict=True):
+        st, k = requests[i][0], requests[i][1][0]
+        if isinstance(res, Exception):  # e.g. the copy's SGHMC diverged: the importance estimate stands, with its flag
+            log.warning("change at %d: scoring the closed segment's last values failed (%s)", st.first + k, res)
+        elif not (eng.degraded and not st.states[0].degraded):  # flagged by the copy's own checks: not used
+            out[i] = (eng.log_evidence, eng._st.log_evidence_var)
+    return out
 
 
 def _tails_checked(due: list[tuple[int, _Step, list[Any]]], out: list[Any]) -> list[tuple[int, _Step, list[Any]]]:
@@ -305,7 +339,7 @@ def _locate(
 
     Each population's one-step predictive of every row from its particles before the block,
     ``log p̂(y_i | y_{<f}) = logsumexp_m(log w̄_m + log p(y_i | θ_m))`` (the first annealing increment,
-    thesis eq. 4.6), gives the start ``k`` by a least-squares split (:meth:`SegmentedEngine._split`: before ``k``
+    thesis eq. 4.6), gives the start ``k`` by a least-squares split (:func:`split_rows`: before ``k``
     at the segment's median per-observation log-predictive, from ``k`` at the rows' own level).
     The populations' evidences of ``y_f … y_{f+k−1}`` are the importance estimates
     ``logsumexp_m(log w̄_m + Σ_{i<k} log p(y_i | θ_m))``, so that a challenger started mid-block is
@@ -313,7 +347,42 @@ def _locate(
     The likelihoods ``log p(y_i | θ_m)`` of every population of every request are evaluated in one stacked call
     per stack key and shape (each population's values are those it gets alone).
     """
-    rows: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}  # (request, population) -> (ll: [M, R], offset)
+    rows = _block_likelihoods(requests)
+    # the split of each block from its main population's predictive, every request of one shape at once
+    k_of: dict[int, int] = {}
+    tail_of: dict[int, tuple[float, int]] = {}
+    mains: dict[tuple[Any, ...], list[int]] = {}
+    for r, (_, states, _, yb) in enumerate(requests):
+        if int(yb.shape[0]) > 1:
+            mains.setdefault((tuple(rows[(r, 0)][0].shape), states[0].theta.dtype), []).append(r)
+    with torch.no_grad():
+        for rs in mains.values():
+            ll = torch.stack([rows[(r, 0)][0] for r in rs])  # [N, M, R]
+            lw = torch.stack([_normalised(requests[r][1][0].log_w) for r in rs])
+            lp = torch.logsumexp(lw[:, :, None] + ll, 1)  # [N, R]
+            levels = [requests[r][0]._split_level() for r in rs]
+            for r, split, lp_r in zip(rs, split_rows(lp, levels), lp, strict=True):
+                k_of[r] = rows[(r, 0)][1] + split
+                if split < int(lp.shape[1]):
+                    tail_of[r] = (float(lp_r[split:].mean()), int(lp.shape[1]) - split)
+    prefix = _prefix_estimates(requests, rows, k_of)
+    out: list[tuple[int, list[float], tuple[float, int], list[float]]] = []
+    for r, (_, states, _, yb) in enumerate(requests):
+        if int(yb.shape[0]) <= 1:
+            out.append((0, [0.0] * len(states), (math.nan, 0), [1.0] * len(states)))
+            continue
+        got = [prefix.get((r, j), (0.0, 1.0)) for j in range(len(states))]
+        out.append((k_of[r], [v for v, _ in got], tail_of.get(r, (math.nan, 0)), [e for _, e in got]))
+    return out
+
+
+def _block_likelihoods(
+    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
+) -> dict[tuple[int, int], tuple[torch.Tensor, int]]:
+    """(request, population) -> ``(log p(y_i | θ_m): [M, R], offset)`` for :func:`_locate`'s requests of more than
+    one row: one stacked evaluation per stack key and shape (each population's values are those it gets alone);
+    ``offset``: the block's values taken into the context at the stream's start."""
+    rows: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
     groups: dict[tuple[Any, ...], list[tuple[tuple[int, int], Any, torch.Tensor, Any, torch.Tensor, int]]] = {}
     for r, (seg, states, xb, yb) in enumerate(requests):
         if int(yb.shape[0]) <= 1:
@@ -336,34 +405,84 @@ def _locate(
             ll = fam.log_likelihood(torch.stack([g[2] for g in group]), x, torch.stack([g[4] for g in group]))
             for i, g in enumerate(group):
                 rows[g[0]] = (ll[i], g[5])
-    out: list[tuple[int, list[float], tuple[float, int], list[float]]] = []
-    for r, (seg, states, _, yb) in enumerate(requests):
+    return rows
+
+
+def _prefix_estimates(
+    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
+    rows: dict[tuple[int, int], tuple[torch.Tensor, int]],
+    k_of: dict[int, int],
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """(request, population) -> the importance estimate ``logsumexp_m(log w̄_m + Σ_{i<n} log p(y_i | θ_m))`` of
+    the block's ``n`` rows before the start ``k_of[request]`` (nats) and the ESS fraction of its weights, for the
+    populations with ``n > 0``; one batched evaluation per shape and ``n``."""
+    prefix: dict[tuple[int, int], tuple[float, float]] = {}
+    todo: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    for r, (_, states, _, yb) in enumerate(requests):
         if int(yb.shape[0]) <= 1:
-            out.append((0, [0.0] * len(states), (math.nan, 0), [1.0] * len(states)))
             continue
-        prefix: list[torch.Tensor] = []
-        ess: list[float] = []
-        k, tail = 0, (math.nan, 0)
-        with torch.no_grad():
-            for j, st in enumerate(states):
-                ll, off = rows[(r, j)]  # [M, R]
-                lw = st.log_w - torch.logsumexp(st.log_w, 0)
-                if j == 0:
-                    lp = torch.logsumexp(lw[:, None] + ll, 0)
-                    split = seg._split(lp)
-                    k = off + split
-                    if split < int(lp.shape[0]):
-                        tail = (float(lp[split:].mean()), int(lp.shape[0]) - split)
-                n = k - off
-                if n <= 0:
-                    prefix.append(torch.zeros(()))
-                    ess.append(1.0)
-                    continue
-                lv = lw + ll[:, :n].sum(1)
-                prefix.append(torch.logsumexp(lv, 0))
-                w = torch.softmax(lv, 0)
-                ess.append(float(1.0 / (w * w).sum()) / int(w.shape[0]))
-        out.append((k, [float(v) for v in prefix], tail, ess))
+        for j, st in enumerate(states):
+            ll, off = rows[(r, j)]
+            n = k_of[r] - off
+            if n > 0:
+                todo.setdefault((tuple(ll.shape), st.theta.dtype, n), []).append((r, j))
+    with torch.no_grad():
+        for (_, _, n), pops in todo.items():
+            ll = torch.stack([rows[rj][0] for rj in pops])[:, :, :n].sum(-1)  # [N, M]
+            lv = torch.stack([_normalised(requests[r][1][j].log_w) for r, j in pops]) + ll
+            w = torch.softmax(lv, -1)
+            ess = [v / int(w.shape[-1]) for v in (1.0 / (w * w).sum(-1)).tolist()]
+            prefix.update(zip(pops, zip(torch.logsumexp(lv, -1).tolist(), ess, strict=True), strict=True))
+    return prefix
+
+
+def _normalised(log_w: torch.Tensor) -> torch.Tensor:
+    """``log w̄ = log w − logsumexp(log w)``: the normalised log-weights ``[M]``."""
+    return log_w - torch.logsumexp(log_w, 0)
+
+
+def split_rows(lp: torch.Tensor, levels: Sequence[float | None]) -> list[int]:
+    """Per block ``i``, the row ``k`` where its per-row log-predictives ``lp[i]: [R]`` most probably change level:
+    least squares with the rows before ``k`` at the level ``levels[i]`` (the segment's median per-observation
+    log-predictive, :meth:`SegmentedEngine._split_level`) and the rows from ``k`` on at their own mean (``k = 0``:
+    the whole block is new).  Where a block has no level yet (None: before any baseline block) the rows before
+    ``k`` take their own mean too (the classic one-change split, ``k ≥ 1``).  ``lp: [N, R]``, all blocks of ``R``
+    rows; each row's answer is that of a batch of one.
+
+    A block of three rows or more never ends in a one-row tail (``k ≤ R − 2``): one low row at a block's end
+    is an outlier as much as a change, and the next block tells them apart; a change at the last row is then
+    placed one row early, or at the next block's start, one late.  Without this an AR(1) on the Nile posted in
+    one chunk of 50 placed the change at 31 (its one extreme row ending the sub-block 16-32) instead of 28.
+    Shrinking the rows before ``k`` towards their own mean (the median as one more row) placed it at 28 too,
+    but lowered the leader's mean F1 in ``bench/changepoints.py --refresh`` over seeds 0-3 from 0.672 (this rule)
+    to 0.655.
+    """
+    r = int(lp.shape[1])
+    if r <= 1:
+        return [0] * int(lp.shape[0])
+    rev = torch.flip(lp, [1])
+    s1 = torch.flip(torch.cumsum(rev, 1), [1])  # Σ_{i≥k} lp_i
+    s2 = torch.flip(torch.cumsum(rev * rev, 1), [1])
+    count = torch.arange(r, 0, -1, dtype=lp.dtype, device=lp.device)
+    post = s2 - s1 * s1 / count  # squared error of rows k.. about their mean
+    last = r - 1 if r <= 2 else r - 2  # the largest k allowed
+    out = [0] * int(lp.shape[0])
+    known = [i for i, v in enumerate(levels) if v is not None]
+    if known:
+        idx = torch.tensor(known, device=lp.device)
+        med = torch.tensor([levels[i] for i in known], dtype=lp.dtype, device=lp.device)
+        dev = (lp[idx] - med[:, None]) ** 2
+        pre = torch.cat([lp.new_zeros((len(known), 1)), torch.cumsum(dev, 1)[:, :-1]], 1)
+        for i, k in zip(known, torch.argmin((pre + post[idx])[:, : last + 1], 1).tolist(), strict=True):
+            out[i] = k
+    fresh = [i for i, v in enumerate(levels) if v is None]
+    if fresh:
+        idx = torch.tensor(fresh, device=lp.device)
+        c1 = torch.cumsum(lp[idx], 1)[:, :-1]  # rows 0..k−1, k = 1..R−1
+        c2 = torch.cumsum(lp[idx] * lp[idx], 1)[:, :-1]
+        pre = c2 - c1 * c1 / torch.arange(1, r, dtype=lp.dtype, device=lp.device)
+        for i, k in zip(fresh, torch.argmin((pre + post[idx, 1:])[:, :last], 1).tolist(), strict=True):
+            out[i] = 1 + k
     return out
 
 
@@ -554,19 +673,19 @@ class SegmentedEngine:
         level = statistics.NormalDist().inv_cdf(1.0 - statistics.NormalDist().cdf(-self.cp.spawn_z) / m)
         return cp.drop_score(self.state, self.cp, *tail) >= level
 
-    def _spawn(self, step: _Step, k: int, prefix: list[float], ess: list[float]) -> Challenger:
+    def _spawn(
+        self, step: _Step, k: int, prefix: list[float], ess: list[float], annealed: tuple[float, float] | None = None
+    ) -> Challenger:
         """The challenger started at row ``k`` of the block (:func:`_locate`; ``prefix``: each live population's
         log-predictive of the rows before it, nats, ``ess`` the ESS fraction of its importance weights); it absorbs
-        the block from there in a second stacked call."""
+        the block from there in a second stacked call.  ``annealed``: the main segment's ``(log Ẑ, Var log Ẑ)`` up
+        to the start by SGAIS (:func:`_annealed_prefixes`), which replaces the importance estimate where given."""
         alive = step.alive
         bases = {c.start: s.log_evidence + p for (c, s), p in zip(alive, prefix[1:], strict=True)}
         base_vars = {c.start: s.log_evidence_var for c, s in alive}
         main = step.states[0]
         step.spawn_k = k
         base, base_var, base_ess = main.log_evidence + prefix[0], main.log_evidence_var, ess[0]
-        # only where the importance estimate is poor (and flagged at confirmation, _confirm): the copy runs alone, and
-        # at every start it cost 128 stacked gmm models 26-73% more worker time per block (bench/many_models.py)
-        annealed = self._annealed_prefix(step, k) if base_ess < PREFIX_ESS else None
         if annealed is not None:
             base, base_var = annealed
         step.spawn = self._new_challenger(step.first + k, k, base, base_var, bases, base_vars, step.xb, step.yb)
@@ -574,16 +693,18 @@ class SegmentedEngine:
         step.spawn.bases_ess = {c.start: e for (c, _), e in zip(alive, ess[1:], strict=True)}
         return step.spawn
 
-    def _annealed_prefix(self, step: _Step, k: int) -> tuple[float, float] | None:
-        """``(log Ẑ, Var log Ẑ)`` of the main segment up to row ``k`` of the block by SGAIS itself (called where the
-        importance weights' ESS is below :data:`PREFIX_ESS`, :meth:`_spawn`): a copy of
-        the main population before the block (its history copied back to that point, its own random stream
-        :func:`workers.changepoint.challenger_seed` of ``−start − 1``) absorbs rows ``0..k−1``.  The importance
-        estimate from the weights before the block (:func:`_locate`) degenerates over many rows: on the demo's series
-        20-37 values at an ESS of 1 of 50 particles put closed segments 33-40 nats low (session 21).  None (the
-        importance estimate stands, flagged by its ESS at confirmation) for a reservoir history that has started
-        replacing rows, a copy its own checks flag (a population flagged before the block is the main's flag, which
-        a confirmation keeps), or one that fails."""
+    def _prefix_copy(self, step: _Step, k: int) -> ModelEngine | None:
+        """A copy of the main population before the block, to score the main segment's values up to row ``k`` of
+        the block by SGAIS itself (:func:`_annealed_prefixes`, where the importance weights' ESS is below
+        :data:`PREFIX_ESS`): its history copied back to that point, its own random stream
+        :func:`workers.changepoint.challenger_seed` of ``−start − 1``.  The importance estimate from the weights
+        before the block (:func:`_locate`) degenerates over many rows: on the demo's series 20-37 values at an ESS
+        of 1 of 50 particles put closed segments 33-40 nats low (session 21).  The estimate stands (flagged by its
+        ESS at confirmation) where this returns None: a reservoir history that has started replacing rows, or a
+        copy that cannot be made; or where the copy fails or its own checks flag it (a population flagged before
+        the block is the main's flag, which a confirmation keeps).  Run only where the ESS is low (where the value
+        is flagged anyway): at every start it cost 128 stacked gmm models 26-73% more worker time per block
+        (``bench/many_models.py``, session 21)."""
         pre = step.states[0]
         hist = pre.history
         n_prev = hist.seen - int(step.info.observations if step.info is not None else 0)
@@ -599,13 +720,10 @@ class SegmentedEngine:
             eng.state = pre._replace(history=copy)
             eng.observations = step.first - self.skipped
             eng.evidence_var_since = self.main.evidence_var_since
-            eng.update(step.xb[:k] if step.xb is not None else None, step.yb[:k], validated=True)
-        except Exception as err:  # e.g. the copy's SGHMC diverged: the importance estimate stands, with its flag
+        except Exception as err:
             log.warning("change at %d: scoring the closed segment's last values failed (%s)", step.first + k, err)
             return None
-        if eng.degraded and not pre.degraded:  # flagged by the copy's own checks (a flag before stays the main's)
-            return None
-        return eng.log_evidence, eng._st.log_evidence_var
+        return eng
 
     def _new_challenger(
         self, start: int, k: int, base: float, base_var: float, bases: dict[int, float], base_vars, xb, yb
@@ -621,37 +739,12 @@ class SegmentedEngine:
             eng.update(cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64), validated=True)
         return Challenger(start, start - len(ctx), base, seed, eng, 0, bases, base_var, base_vars)
 
-    def _split(self, lp: torch.Tensor) -> int:
-        """The row ``k`` where a block's per-row log-predictives ``lp: [R]`` most probably change level: least
-        squares with the rows before ``k`` at the segment's median per-observation log-predictive and the rows
-        from ``k`` on at their own mean (``k = 0``: the whole block is new).  Before any baseline block the rows
-        before ``k`` take their own mean too (the classic one-change split, ``k ≥ 1``).
-
-        A block of three rows or more never ends in a one-row tail (``k ≤ R − 2``): one low row at a block's end
-        is an outlier as much as a change, and the next block tells them apart; a change at the last row is then
-        placed one row early, or at the next block's start, one late.  Without this an AR(1) on the Nile posted in
-        one chunk of 50 placed the change at 31 (its one extreme row ending the sub-block 16-32) instead of 28.
-        Shrinking the rows before ``k`` towards their own mean (the median as one more row) placed it at 28 too,
-        but lowered the leader's mean F1 in ``bench/changepoints.py --refresh`` over seeds 0-3 from 0.672 (this rule)
-        to 0.655.
-        """
-        r = int(lp.shape[0])
-        if r <= 1:
-            return 0
-        rev = torch.flip(lp, [0])
-        s1 = torch.flip(torch.cumsum(rev, 0), [0])  # Σ_{i≥k} lp_i
-        s2 = torch.flip(torch.cumsum(rev * rev, 0), [0])
-        count = torch.arange(r, 0, -1, dtype=lp.dtype)
-        post = s2 - s1 * s1 / count  # squared error of rows k.. about their mean
-        last = r - 1 if r <= 2 else r - 2  # the largest k allowed
-        if self.state["values"]:
-            med, _ = cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)
-            pre = torch.cat([lp.new_zeros(1), torch.cumsum((lp - med) ** 2, 0)[:-1]])
-            return int(torch.argmin((pre + post)[: last + 1]))
-        c1 = torch.cumsum(lp, 0)[:-1]  # rows 0..k−1, k = 1..R−1
-        c2 = torch.cumsum(lp * lp, 0)[:-1]
-        pre = c2 - c1 * c1 / torch.arange(1, r, dtype=lp.dtype)
-        return 1 + int(torch.argmin((pre + post[1:])[:last]))
+    def _split_level(self) -> float | None:
+        """The level the rows before a block's change are held at (:func:`split_rows`): the segment's median
+        per-observation log-predictive (nats), None before any baseline block."""
+        if not self.state["values"]:
+            return None
+        return cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)[0]
 
     def _after_block(self, step: _Step) -> None:
         """The change posterior after every population absorbed the block: alerts, confirmation, pruning."""
