@@ -1,7 +1,7 @@
 """Many models on one worker, fed live over HTTP through a real ``sgais serve`` (issue 9, acceptance 1 and 2).
 
-    python bench/many_models.py [--part gmm,ar] [--models 128] [--chunks 20] [--ar-models 1000] [--ar-chunks 4]
-                                [--load 0] [--no-changepoints] [--redis-url URL]
+    python bench/many_models.py [--part gmm,ar] [--models 128] [--chunks 20] [--warm-chunks 0] [--ar-models 1000]
+                                [--ar-chunks 4] [--load 0] [--no-changepoints] [--redis-url URL]
 
 Part ``gmm`` (acceptance 1): ``--models`` one-component gmm models with different priors (variance shape and
 scale, mean scale) and seeds on one stream, and one model alone on another stream, each fed the same
@@ -10,6 +10,9 @@ chunk (``bench/service_overhead.py: service_run``, the end seen on the live even
 model's milliseconds per block end to end (elapsed / chunks; target <= 20), the aggregate model-blocks/s of the
 many (models x chunks / elapsed) against the one alone in the same run (target >= 30x), and every model's final
 log-evidence against its exact normal-inverse-gamma value (``models.conjugate``; target within 5 nats).
+With ``--warm-chunks W`` both streams first absorb W chunks, untimed, and the timed ``--chunks`` follow: the
+sustained rate of live models past a stream's first values, where the populations are still wide (the warm-up:
+more SGHMC moves per block, and change-point challengers started at 10, 20, 40, 80 values into the segment).
 
 Part ``ar`` (acceptance 2): ``--ar-models`` AR(1) models on one stream and one worker, fed ``--ar-chunks``
 5-observation chunks: sustained model-blocks/s over the chunks after the first (the first includes the
@@ -131,19 +134,36 @@ def _spin() -> None:
 
 
 def part_gmm(
-    base: str, server_pid: int, data_dir: str, tag: str, n_models: int, n_chunks: int, changepoints: bool
+    base: str,
+    server_pid: int,
+    data_dir: str,
+    tag: str,
+    n_models: int,
+    n_chunks: int,
+    changepoints: bool,
+    warm_chunks: int = 0,
 ) -> dict:
-    data = gmm_chunks(n_chunks)
+    data = gmm_chunks(warm_chunks + n_chunks)
+    early, timed = data[:warm_chunks], data[warm_chunks:]
     os.environ["BENCH_KEEP_MODELS"] = "1"
 
     def fn(i: int) -> dict:
         return gmm_model(i, changepoints)
 
+    def run(stream: str, n: int) -> tuple[float, dict[str, float]]:
+        """Seconds for the timed chunks, after the untimed ``warm_chunks``, and the service's CPU per model-block
+        from the models' registration (without warm chunks) or from the end of the warm chunks."""
+        if early:
+            service_run(base, stream, early, n, in_flight=1, model_fn=fn)
+        cpu0 = cpu_by_role(server_pid, data_dir)
+        t = service_run(
+            base, stream, timed, n, in_flight=1, model_fn=fn, register=not early, processed_before=len(early)
+        )[0]
+        return t, cpu_per_model_block(cpu0, cpu_by_role(server_pid, data_dir), n * n_chunks)
+
     service_run(base, f"warm-{tag}", data[:3], 1, in_flight=1, model_fn=fn)  # the worker's lazy imports
-    t_one, _ = service_run(base, f"one-{tag}", data, 1, in_flight=1, model_fn=fn)
-    cpu0 = cpu_by_role(server_pid, data_dir)
-    t_many, _ = service_run(base, f"many-{tag}", data, n_models, in_flight=1, model_fn=fn)
-    cpu = cpu_per_model_block(cpu0, cpu_by_role(server_pid, data_dir), n_models * n_chunks)
+    t_one, _ = run(f"one-{tag}", 1)
+    t_many, cpu = run(f"many-{tag}", n_models)
     y = [v for c in data for v in c["y"]]
     errors, statuses = [], {}
     with httpx.Client(base_url=base, timeout=60) as client:
@@ -212,6 +232,12 @@ def main() -> None:
     ap.add_argument("--part", default="gmm,ar")
     ap.add_argument("--models", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=20)
+    ap.add_argument(
+        "--warm-chunks",
+        type=int,
+        default=0,
+        help="gmm: chunks posted and processed before the timed --chunks (sustained rate after a stream's start)",
+    )
     ap.add_argument("--ar-models", type=int, default=1000)
     ap.add_argument("--ar-chunks", type=int, default=4)
     ap.add_argument("--load", type=int, default=0, help="CPU-bound processes beside the run")
@@ -232,10 +258,11 @@ def main() -> None:
         try:
             tag = f"{args.load}-{int(time.time())}"
             if "gmm" in args.part:
-                r = part_gmm(base, server.pid, tmp, tag, args.models, args.chunks, cps)
+                r = part_gmm(base, server.pid, tmp, tag, args.models, args.chunks, cps, args.warm_chunks)
                 results["gmm"] = r
                 print(
-                    f"gmm load={args.load} changepoints={cps}: one model {r['one_ms_per_block']:.1f} ms/block "
+                    f"gmm load={args.load} changepoints={cps} warm_chunks={args.warm_chunks}: "
+                    f"one model {r['one_ms_per_block']:.1f} ms/block "
                     f"({r['one_blocks_per_s']:.1f} blocks/s); {args.models} models "
                     f"{r['many_model_blocks_per_s']:.1f} model-blocks/s ({r['many_ms_per_model_block']:.2f} ms per "
                     f"model-block) = {r['ratio']:.1f}x one; log-evidence vs exact: max |err| "

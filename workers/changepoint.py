@@ -190,12 +190,19 @@ def baseline(values: list[float], rows: list[int], floor: float) -> tuple[float,
     return med, max(_MAD_TO_SD * mad, floor)
 
 
-def drop_score(state: dict[str, Any], settings: ChangepointSettings, value: float, rows: int) -> float:
+def drop_score(
+    state: dict[str, Any],
+    settings: ChangepointSettings,
+    value: float,
+    rows: int,
+    base: tuple[float, float] | None = None,
+) -> float:
     """Standardised drop ``z`` of a block's per-observation log-predictive ``value`` below the segment's
-    baseline (positive = worse than usual); 0 before two baseline blocks exist."""
+    baseline (positive = worse than usual); 0 before two baseline blocks exist.  ``base``: the state's
+    :func:`baseline` where the caller has it already."""
     if len(state["values"]) < 2 or rows <= 0 or not math.isfinite(value):
         return 0.0
-    med, sigma = baseline(state["values"], state["rows"], settings.noise_floor)
+    med, sigma = base if base is not None else baseline(state["values"], state["rows"], settings.noise_floor)
     return (med - value) * math.sqrt(rows) / sigma
 
 

@@ -34,6 +34,7 @@ this module) restores as a model without challengers and no change so far.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -283,7 +284,7 @@ def _tails_checked(due: list[tuple[int, _Step, list[Any]]], out: list[Any]) -> l
     predictive alone decides, in one stacked :func:`_locate` call; every population's then places the start).  An
     engine whose check fails gets its exception in ``out``."""
     tails = [(k, st, states) for k, st, states in due if st.tail_only]
-    checked = _locate_each([(st.seg, states[:1], st.xb, st.yb) for _, st, states in tails])
+    checked = _locate_each([(st.seg, states[:1], st.xb, st.yb) for _, st, states in tails], prefixes=False)
     for (k, st, _), where in zip(tails, checked, strict=True):
         try:
             if isinstance(where, Exception):
@@ -312,24 +313,24 @@ def _stacked(
 
 
 def _locate_each(
-    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
+    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, prefixes: bool = True
 ) -> list[tuple[int, list[float], tuple[float, int], list[float]] | Exception]:
     """:func:`_locate` of all the requests at once; if that fails, of each alone, so that the failure is that
     engine's result (its exception) and the others are unaffected."""
     try:
-        return list(_locate(requests))
+        return list(_locate(requests, prefixes=prefixes))
     except Exception:
         out: list[tuple[int, list[float], tuple[float, int], list[float]] | Exception] = []
         for req in requests:
             try:
-                out += _locate([req])
+                out += _locate([req], prefixes=prefixes)
             except Exception as err:
                 out.append(err)
         return out
 
 
 def _locate(
-    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
+    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, prefixes: bool = True
 ) -> list[tuple[int, list[float], tuple[float, int], list[float]]]:
     """For each ``(engine, states, xb, yb)``: where in the block a challenger started at it most probably starts,
     each population's log-predictive of the block's values before it (nats; ``states``: the populations'
@@ -345,7 +346,8 @@ def _locate(
     ``logsumexp_m(log w̄_m + Σ_{i<k} log p(y_i | θ_m))``, so that a challenger started mid-block is
     compared on exactly the observations it did not see.  Blocks of one value give ``k = 0``.
     The likelihoods ``log p(y_i | θ_m)`` of every population of every request are evaluated in one stacked call
-    per stack key and shape (each population's values are those it gets alone).
+    per stack key and shape (each population's values are those it gets alone).  Without ``prefixes`` (the tail
+    check, which reads only the start and the tail) every population's log-predictive is 0 and its ESS 1.
     """
     rows = _block_likelihoods(requests)
     # the split of each block from its main population's predictive, every request of one shape at once
@@ -358,14 +360,14 @@ def _locate(
     with torch.no_grad():
         for rs in mains.values():
             ll = torch.stack([rows[(r, 0)][0] for r in rs])  # [N, M, R]
-            lw = torch.stack([_normalised(requests[r][1][0].log_w) for r in rs])
+            lw = _normalised(torch.stack([requests[r][1][0].log_w for r in rs]))
             lp = torch.logsumexp(lw[:, :, None] + ll, 1)  # [N, R]
             levels = [requests[r][0]._split_level() for r in rs]
             for r, split, lp_r in zip(rs, split_rows(lp, levels), lp, strict=True):
                 k_of[r] = rows[(r, 0)][1] + split
                 if split < int(lp.shape[1]):
                     tail_of[r] = (float(lp_r[split:].mean()), int(lp.shape[1]) - split)
-    prefix = _prefix_estimates(requests, rows, k_of)
+    prefix = _prefix_estimates(requests, rows, k_of) if prefixes else {}
     out: list[tuple[int, list[float], tuple[float, int], list[float]]] = []
     for r, (_, states, _, yb) in enumerate(requests):
         if int(yb.shape[0]) <= 1:
@@ -429,16 +431,24 @@ def _prefix_estimates(
     with torch.no_grad():
         for (_, _, n), pops in todo.items():
             ll = torch.stack([rows[rj][0] for rj in pops])[:, :, :n].sum(-1)  # [N, M]
-            lv = torch.stack([_normalised(requests[r][1][j].log_w) for r, j in pops]) + ll
+            lv = _normalised(torch.stack([requests[r][1][j].log_w for r, j in pops])) + ll
             w = torch.softmax(lv, -1)
             ess = [v / int(w.shape[-1]) for v in (1.0 / (w * w).sum(-1)).tolist()]
             prefix.update(zip(pops, zip(torch.logsumexp(lv, -1).tolist(), ess, strict=True), strict=True))
     return prefix
 
 
+@functools.lru_cache(maxsize=256)
+def _bonferroni_level(spawn_z: float, m: int) -> float:
+    """``z_m = Φ⁻¹(1 − Φ(−spawn_z)/m)``: the drop of the lowest of ``m`` candidate tails that is as rare as one
+    block's drop of ``spawn_z`` (:meth:`SegmentedEngine._tail_drops`)."""
+    normal = statistics.NormalDist()
+    return normal.inv_cdf(1.0 - normal.cdf(-spawn_z) / m)
+
+
 def _normalised(log_w: torch.Tensor) -> torch.Tensor:
-    """``log w̄ = log w − logsumexp(log w)``: the normalised log-weights ``[M]``."""
-    return log_w - torch.logsumexp(log_w, 0)
+    """``log w̄ = log w − logsumexp(log w)`` of each row of ``log_w: [N, M]``: normalised log-weights."""
+    return log_w - torch.logsumexp(log_w, -1, keepdim=True)
 
 
 def split_rows(lp: torch.Tensor, levels: Sequence[float | None]) -> list[int]:
@@ -512,6 +522,7 @@ class SegmentedEngine:
         self.started = 0  # challengers started so far (Ville's bound: expected false alarms ≤ started·ρ(1−c)/c)
         # why a closed segment's log Ẑ (part of ``offset``) is not certified, or None (see ``degraded``)
         self.closed_degraded: str | None = None
+        self._baseline_cache: tuple[list[float], list[int], tuple[float, float]] | None = None
 
     @classmethod
     def create(cls, family: str, params: dict, sampler: dict, settings: cp.ChangepointSettings | None = None):
@@ -644,7 +655,7 @@ class SegmentedEngine:
             c.absorbed += n
         rows = info.observations
         step.value = info.log_predictive / rows if rows > 0 else math.nan
-        z = cp.drop_score(self.state, self.cp, step.value, rows)
+        z = cp.drop_score(self.state, self.cp, step.value, rows, self._baseline())
         first = step.first
         if first <= self.state["segment_start"]:
             return None
@@ -670,8 +681,7 @@ class SegmentedEngine:
         per block (``bench/many_models.py``).
         """
         m = max((step.info.observations if step.info is not None else 0) - 2, 1)
-        level = statistics.NormalDist().inv_cdf(1.0 - statistics.NormalDist().cdf(-self.cp.spawn_z) / m)
-        return cp.drop_score(self.state, self.cp, *tail) >= level
+        return cp.drop_score(self.state, self.cp, *tail, self._baseline()) >= _bonferroni_level(self.cp.spawn_z, m)
 
     def _spawn(
         self, step: _Step, k: int, prefix: list[float], ess: list[float], annealed: tuple[float, float] | None = None
@@ -742,9 +752,20 @@ class SegmentedEngine:
     def _split_level(self) -> float | None:
         """The level the rows before a block's change are held at (:func:`split_rows`): the segment's median
         per-observation log-predictive (nats), None before any baseline block."""
-        if not self.state["values"]:
+        base = self._baseline()
+        return None if base is None else base[0]
+
+    def _baseline(self) -> tuple[float, float] | None:
+        """:func:`workers.changepoint.baseline` of the segment's recent blocks (None before any), computed once
+        per block: :func:`workers.changepoint.push_baseline` replaces the lists rather than changing them, so the
+        lists' identity tells whether the cached value is theirs (three callers a block read it)."""
+        values, rows = self.state["values"], self.state["rows"]
+        if not values:
             return None
-        return cp.baseline(self.state["values"], self.state["rows"], self.cp.noise_floor)[0]
+        cached = self._baseline_cache
+        if cached is None or cached[0] is not values or cached[1] is not rows:
+            cached = self._baseline_cache = (values, rows, cp.baseline(values, rows, self.cp.noise_floor))
+        return cached[2]
 
     def _after_block(self, step: _Step) -> None:
         """The change posterior after every population absorbed the block: alerts, confirmation, pruning."""
