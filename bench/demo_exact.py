@@ -7,7 +7,7 @@ independent, as :attr:`SegmentedEngine.log_evidence` defines it).
 Prints per model: status (``ok`` / ``degraded``), error (nats), reported standard error, change points; then the
 ``ok`` models beyond 3 standard errors (a wrong value with status ok).
 
-    python bench/demo_exact.py [--sampler '{"learning_rate": 0.05}']
+    python bench/demo_exact.py [--sampler '{"learning_rate": 0.05}'] [-v]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def exact(z: np.ndarray, key: str, bounds: list[int]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sampler", default="{}", help="overrides of the demo's sampler (JSON)")
+    ap.add_argument("-v", action="store_true", help="print each degraded reason")
     args = ap.parse_args()
     torch.set_num_threads(1)
     sampler = {**SAMPLER, **json.loads(args.sampler)}
@@ -61,6 +62,8 @@ def main() -> None:
             status = "degraded" if eng.degraded else "ok"
             rows.append((name, key, status, err, eng.log_evidence_se))
             print(f"{name:18s} {key:5s} {status:9s} error {err:+9.2f} SE {eng.log_evidence_se:5.2f} changes {found}")
+            if eng.degraded and args.v:
+                print(f"    {eng.degraded}")
     ok = [r for r in rows if r[2] == "ok"]
     bad = [f"{r[0]} {r[1]} {r[3]:+.2f} (SE {r[4]:.2f})" for r in ok if abs(r[3]) > 3 * r[4]]
     print(f"sampler {sampler}: {len(ok)} of {len(rows)} ok; ok beyond 3 SE: {len(bad)}: {bad}")
