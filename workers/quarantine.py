@@ -198,18 +198,50 @@ class Attempts:
         Exhausted
             ``limit`` attempts at ``cursor`` failed already (nothing written); the message is the ``error`` text.
         """
+        (got,) = self.begin_many([(tenant, model, token, cursor, fp)], limit, what)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def begin_many(
+        self, calls: list[tuple[str, str, str, bytes, str]], limit: int, what: str
+    ) -> list[tuple[int, str] | Exception]:
+        """:meth:`begin` for each ``(tenant, model, token, cursor, fp)`` of ``calls``, all in ONE pipelined
+        round trip (each script fenced by its own lease token, run by Redis in order).  Per call, in order: the
+        attempt's (number, id), or its exception (LeaseLost, Exhausted, a Redis error of its script: nothing
+        written for it).  A connection failure raises (nothing is known of any call).  One call is a plain
+        ``EVALSHA`` (a pipeline adds a ``SCRIPT EXISTS`` round trip)."""
         from workers.store.commit import LeaseLost
 
-        attempt_id = secrets.token_hex(8)
-        res = self._begin(
-            keys=[self.keys.lease(tenant, model), attempts_key(self.keys, tenant, model)],
-            args=[token, cursor, fp, self.worker_id, f"{time.time():.3f}", limit, what, attempt_id],
-        )
-        if res[0] == b"lost":
-            raise LeaseLost(model)
-        if res[0] == b"exhausted":
-            raise Exhausted(exhausted_message(int(res[1]), res[2].decode()))
-        return int(res[1]), attempt_id
+        ids = [secrets.token_hex(8) for _ in calls]
+        now = f"{time.time():.3f}"
+        scripts = [
+            ([self.keys.lease(tenant, model), attempts_key(self.keys, tenant, model)],
+             [token, cursor, fp, self.worker_id, now, limit, what, attempt_id])
+            for (tenant, model, token, cursor, fp), attempt_id in zip(calls, ids, strict=True)
+        ]  # fmt: skip
+        replies: list[Any]
+        if len(scripts) == 1:
+            try:
+                replies = [self._begin(keys=scripts[0][0], args=scripts[0][1])]
+            except redis.ResponseError as err:
+                replies = [err]
+        else:
+            pipe = self.r.pipeline(transaction=False)
+            for keys, args in scripts:
+                self._begin(keys=keys, args=args, client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        out: list[tuple[int, str] | Exception] = []
+        for (_, model, *_), res, attempt_id in zip(calls, replies, ids, strict=True):
+            if isinstance(res, Exception):
+                out.append(res)
+            elif res[0] == b"lost":
+                out.append(LeaseLost(model))
+            elif res[0] == b"exhausted":
+                out.append(Exhausted(exhausted_message(int(res[1]), res[2].decode())))
+            else:
+                out.append((int(res[1]), attempt_id))
+        return out
 
     def settle(
         self, tenant: str, model: str, attempt_id: str, *, reason: str = "", parked_until: float | None = None
@@ -304,13 +336,29 @@ class QuarantineHooks:
 
         Raises LeaseLost, or :class:`Exhausted` when the model is to be quarantined instead.
         """
-        if not getattr(h, "fp", ""):
-            h.fp = fingerprint(json.dumps(h.cfg, sort_keys=True).encode())
-        h.attempt_id = ""  # set once this attempt is recorded
-        h.attempt, h.attempt_id = self.attempts.begin(
-            h.tenant, h.name, h.token, cursor, h.fp, self.s.max_block_attempts, f"{what} by {self.id}"
-        )
-        h.attempt_cursor = cursor
+        (err,) = self.begin_attempts([h], [cursor], what)
+        if err is not None:
+            raise err
+
+    def begin_attempts(self, hs: list[Any], cursors: list[bytes], what: str) -> list[Exception | None]:
+        """:meth:`begin_attempt` for each model of ``hs`` at its cursor, in one round trip
+        (:meth:`Attempts.begin_many`): per model, None (counted) or what :meth:`begin_attempt` would raise.
+        A connection failure raises."""
+        for h in hs:
+            if not getattr(h, "fp", ""):
+                h.fp = fingerprint(json.dumps(h.cfg, sort_keys=True).encode())
+            h.attempt_id = ""  # set once this attempt is recorded
+        calls = [(h.tenant, h.name, h.token, cursor, h.fp) for h, cursor in zip(hs, cursors, strict=True)]
+        got = self.attempts.begin_many(calls, self.s.max_block_attempts, f"{what} by {self.id}")
+        errors: list[Exception | None] = []
+        for h, cursor, res in zip(hs, cursors, got, strict=True):
+            if isinstance(res, Exception):
+                errors.append(res)
+                continue
+            h.attempt, h.attempt_id = res
+            h.attempt_cursor = cursor
+            errors.append(None)
+        return errors
 
     def end_attempt(self, h: Any) -> None:
         """The attempt ended well without a commit (a restore): give it back."""

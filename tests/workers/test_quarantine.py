@@ -45,6 +45,19 @@ def test_a_crash_leaves_its_attempt_counted_with_the_crash_reason(attempts):
         attempts.begin("t", "m", "tok", b"1-0", "fp", 2, "block")
 
 
+def test_attempts_of_several_models_in_one_round_trip_fail_per_model(attempts):
+    r, keys = attempts.r, attempts.keys
+    r.set(keys.lease("t", "n"), "tok")
+    for _ in range(2):  # "n" has used up its attempts at 1-0
+        attempts.begin("t", "n", "tok", b"1-0", "fp", 2, "block")
+    got = attempts.begin_many(
+        [("t", "m", "tok", b"1-0", "fp"), ("t", "n", "tok", b"1-0", "fp"), ("t", "x", "tok", b"1-0", "fp")], 2, "block"
+    )
+    assert got[0][0] == 1 and attempts.record("t", "m")["id"] == got[0][1]
+    assert isinstance(got[1], Exhausted) and attempts.record("t", "n")["attempts"] == "2"
+    assert isinstance(got[2], LeaseLost) and attempts.record("t", "x") == {}  # no lease on "x": nothing written
+
+
 def test_giving_back_and_fencing(attempts):
     n, first = attempts.begin("t", "m", "tok", b"1-0", "fp", 3, "restore")
     assert attempts.settle("t", "m", first)  # a restore that went well

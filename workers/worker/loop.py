@@ -243,16 +243,18 @@ class Worker(quarantine.QuarantineHooks):
         ]  # fmt: skip
         isolated = {h.ref for h in suspects}
         active: list[Held] = []
-        for h in models:
-            if not pending[h.ref] or self.stop.is_set() or h.ref in isolated:
-                continue
+        starting = [h for h in models if pending[h.ref] and h.ref not in isolated]
+        if starting and not self.stop.is_set():
             self.beat_if_due()
-            try:  # one attempt counted per batch, before its first block; survives a crash
-                self.begin_attempt(h, h.cursor, "block")
-            except Exception as err:
-                self.failed(h, err)
-                continue
-            active.append(h)
+            try:  # one attempt counted per model and batch, before its first block, all in one round trip
+                errors: list[Exception | None] = self.begin_attempts(starting, [h.cursor for h in starting], "block")
+            except Exception as err:  # nothing is known of any attempt (e.g. Redis unavailable: re-raised)
+                errors = [err] * len(starting)
+            for h, err in zip(starting, errors, strict=True):
+                if err is None:
+                    active.append(h)
+                else:
+                    self.failed(h, err)
         r = 0
         while active and not self.stop.is_set():
             batch = [(h, pending[h.ref][r]) for h in active if r < len(pending[h.ref])]
