@@ -127,8 +127,8 @@ class Scripts:
         its own lease token; Redis runs them in order, each atomically).  A call's keyword arguments:
         ``tenant, model, stream, token, ttl_ms`` and ``checkpoint`` (the checkpoint hash fields), the trace
         ``rows`` (scored by ``first_index``, each counted in the block-latency histogram by its ``seconds``),
-        ``events`` as ``(chunks processed, evidence event members)``
-        (:func:`workers.store.records.evidence_event_members`), ``alerts`` (full records), ``observations``
+        ``events`` as ``(chunks processed, evidence event head)``
+        (:func:`workers.store.records.evidence_event_head`), ``alerts`` (full records), ``observations``
         and ``known`` (the models of the stream whose config the caller has, comma-separated; None = no stream
         query): with it the stream's state is read as of that commit, the model at ``observations``.
 
@@ -168,7 +168,7 @@ class Scripts:
         ttl_ms: int,
         checkpoint: dict[str, Any],
         rows: list[dict],
-        events: list[tuple[int, list[str]]],
+        events: list[tuple[int, str]],
         alerts: list[dict],
         observations: int,
         known: str | None,
@@ -188,8 +188,8 @@ class Scripts:
             le = next((b for b in BLOCK_SECONDS_BUCKETS if row["seconds"] <= b), None)
             args += ["" if le is None else str(le), repr(row["seconds"])]
         args.append(len(events))
-        for chunks, members in events:
-            args += [chunks, len(members), *members]
+        for chunks, head in events:
+            args += [chunks, head]
         args.append(len(alerts))
         for a in alerts:
             args += [a["kind"], json.dumps(a), json.dumps({"type": "alert", **a}), repr(time.time() * 1000)]

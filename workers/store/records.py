@@ -71,22 +71,22 @@ def evidence_body(model: str, stream: str, ckpt: dict[str, str] | None, stream_c
     }
 
 
-def evidence_event_members(model: str, stream: str, row: dict[str, Any], chunks: int) -> list[str]:
+def evidence_event_head(model: str, stream: str, row: dict[str, Any], chunks: int, last_block: str) -> str:
     """The ``evidence`` event after the block of trace ``row`` (``{"type": "evidence", ...evidence body}``,
-    :func:`evidence_body` of the checkpoint as of that block, ``chunks`` chunks processed), as its JSON
-    members ``'"key": value'`` in order, all but ``chunks_pending``: the commit script (``lua/commit.lua``)
-    adds that last member from the stream's chunk count, read in the same atomic step, and joins them."""
+    :func:`evidence_body` of the checkpoint as of that block, ``chunks`` chunks processed) as JSON text without
+    its last member, ``chunks_pending``, and the closing brace: the commit script (``lua/commit.lua``) adds them,
+    from the stream's chunk count read in the same atomic step.  ``last_block``: the block's ``last_block`` body
+    as JSON, ``json.dumps(block_of(row))`` (the text the checkpoint stores too, encoded once)."""
     ckpt = {
         "chunks": chunks,
         "observations": row["observations"],
         "log_evidence": row["log_evidence"],
         "log_evidence_se": row.get("log_evidence_se", 0.0),
-        "last_block": json.dumps(block_of(row)),
         "status": "ok",
     }
     body = evidence_body(model, stream, ckpt, 0)
-    del body["chunks_pending"]
-    return [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in {"type": "evidence", **body}.items()]
+    del body["chunks_pending"], body["last_block"]  # last_block is the body's last member: appended as text
+    return json.dumps({"type": "evidence", **body})[:-1] + ', "last_block": ' + last_block
 
 
 # ----- processed blocks ------------------------------------------------------------------------

@@ -474,6 +474,7 @@ class Worker(quarantine.QuarantineHooks):
         """
         eng = h.engine
         assert eng is not None
+        blocks = [json.dumps(records.block_of(row)) for row in rows]  # each block's last_block body, encoded once
         ckpt: dict[str, Any] = {
             "cursor": cursor,
             "chunks": seq,
@@ -481,7 +482,7 @@ class Worker(quarantine.QuarantineHooks):
             "log_evidence": repr(eng.log_evidence),
             "log_evidence_se": repr(eng.log_evidence_se),
             "detector": json.dumps(h.detector),
-            "last_block": json.dumps(records.block_of(rows[-1])) if rows else "",
+            "last_block": blocks[-1] if rows else "",
             # the sampler could not certify its value (workers.conflict, the annealing guard): degraded + reason
             "status": "degraded" if getattr(eng, "degraded", None) else "ok",
             "error": getattr(eng, "degraded", None) or "",
@@ -493,9 +494,9 @@ class Worker(quarantine.QuarantineHooks):
                 ckpt["changepoint"] = eng.changepoint_bytes()
         # the evidence event after each block: the chunk counts as processed with its last block
         events = []
-        for i, row in enumerate(rows):
+        for i, (row, block) in enumerate(zip(rows, blocks, strict=True)):
             chunks = seq if i == len(rows) - 1 else seq - 1
-            events.append((chunks, records.evidence_event_members(h.name, h.stream, row, chunks)))
+            events.append((chunks, records.evidence_event_head(h.name, h.stream, row, chunks, block)))
         return {
             "tenant": h.tenant,
             "model": h.name,

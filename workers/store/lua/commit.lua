@@ -6,8 +6,8 @@
 -- query, and nothing more of it follows), its observations after this commit, the key prefixes of
 -- model configs, checkpoints and traces, the known names comma-separated; then four counted sections:
 -- n checkpoint fields + n (field, value); n trace rows + n (score, row JSON); n histogram entries +
--- n (bucket or '', seconds); n evidence events + n (chunks processed, m, m JSON members
--- '"key": value' in order: the script adds the last member, chunks_pending, from the stream's chunk
+-- n (bucket or '', seconds); n evidence events + n (chunks processed, the event's JSON text without its
+-- last member and closing brace: the script adds the last member, chunks_pending, from the stream's chunk
 -- count read in the same atomic step); n alerts + n (kind, alert JSON, event JSON, score).
 -- Returns {'lost'} (nothing written), {'ok'}, or {'moved', <stream state>} (written).
 local at = 0
@@ -61,10 +61,8 @@ for _ = 1, tonumber(nxt()) do
   redis.call('HINCRBYFLOAT', KEYS[6], 'sum', seconds)
 end
 for _ = 1, tonumber(nxt()) do
-  local chunks, members = tonumber(nxt()), {}
-  for _ = 1, tonumber(nxt()) do members[#members + 1] = nxt() end
-  members[#members + 1] = '"chunks_pending": ' .. math.max(stream_chunks - chunks, 0)
-  redis.call('PUBLISH', channel, '{' .. table.concat(members, ', ') .. '}')
+  local chunks, head = tonumber(nxt()), nxt()
+  redis.call('PUBLISH', channel, head .. ', "chunks_pending": ' .. math.max(stream_chunks - chunks, 0) .. '}')
 end
 for _ = 1, tonumber(nxt()) do
   local kind, body, event, score = nxt(), nxt(), nxt(), nxt()
