@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from safetensors.numpy import save as st_save_numpy
+from safetensors import TensorSpec, serialize
 from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from models import Family, make_family
 from models.base import CovariateSubset
@@ -194,9 +196,7 @@ class ModelEngine:
             "history_included": include_history,
             "evidence_var_since": self.evidence_var_since,
         }
-        # safetensors' numpy writer gives the same bytes as its torch writer, 3x faster on these small tensors
-        arrays = {k: v.detach().contiguous().cpu().numpy() for k, v in tensors.items()}
-        return st_save_numpy(arrays, metadata={"sgais": self._header_prefix() + json.dumps(header)[1:]})
+        return safetensors_bytes(tensors, {"sgais": self._header_prefix() + json.dumps(header)[1:]})
 
     def _header_prefix(self) -> str:
         """The checkpoint header's first members (version, family, params, sampler) as JSON text up to the next
@@ -370,3 +370,30 @@ def _metadata(data: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors byte string (its JSON header)."""
     n = int.from_bytes(data[:8], "little")
     return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+
+
+#: safetensors' names of the dtypes a checkpoint holds (those of ``numpy.dtype.name``, as its numpy writer gives)
+_SAFETENSORS_DTYPES = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """``tensors`` (any device, any strides) and ``metadata`` as safetensors bytes: the bytes of
+    ``safetensors.torch.save`` (and of ``safetensors.numpy.save``), written by :func:`safetensors.serialize` from
+    the tensors' own memory.  On a checkpoint's small tensors 10 µs, against 41 for the numpy writer (its time
+    goes to numpy dtype introspection) and 95 for the torch writer, which stays the path of a big-endian host
+    (safetensors is little-endian) or a dtype not in :data:`_SAFETENSORS_DTYPES`."""
+    held = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}  # alive while serialize reads them
+    if sys.byteorder != "little" or any(v.dtype not in _SAFETENSORS_DTYPES for v in held.values()):
+        return st_save(held, metadata=metadata)
+    specs = {
+        k: TensorSpec(dtype=_SAFETENSORS_DTYPES[v.dtype], shape=v.shape, data_ptr=v.data_ptr(), data_len=v.nbytes)
+        for k, v in held.items()
+    }
+    return bytes(serialize(specs, metadata=metadata))

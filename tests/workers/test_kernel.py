@@ -604,6 +604,37 @@ def test_checkpoint_header_follows_a_replaced_sampler() -> None:
     assert ModelEngine.from_bytes(eng.to_bytes()).settings == eng.settings
 
 
+def test_checkpoint_tensors_are_written_as_safetensors_writes_them() -> None:
+    """:func:`workers.engine.safetensors_bytes` gives the bytes of safetensors' numpy and torch writers, for
+    every dtype a checkpoint holds, strided and 0-d tensors, and dtypes it leaves to the torch writer."""
+    from safetensors.numpy import save as save_numpy
+    from safetensors.torch import save as save_torch
+
+    from workers.engine import safetensors_bytes
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "theta": torch.randn(6, 3, generator=g, dtype=torch.float64).t(),  # not contiguous
+        "log_w": torch.randn(6, generator=g, dtype=torch.float64),
+        "f32": torch.randn(2, 2, generator=g),
+        "scalar": torch.tensor(1.5, dtype=torch.float64),
+        "generator": g.get_state(),
+        "index": torch.arange(4),
+        "i32": torch.arange(3, dtype=torch.int32),
+        "mask": torch.tensor([True, False]),
+        "empty": torch.zeros(0, 2, dtype=torch.float64),
+    }
+    meta = {"sgais": '{"observations": 3}'}
+    want = save_numpy({k: v.contiguous().numpy() for k, v in tensors.items()}, metadata=meta)
+    assert (
+        safetensors_bytes(tensors, meta)
+        == want
+        == save_torch({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+    )
+    half = {"h": torch.ones(2, dtype=torch.float16), **tensors}  # not in the table: the torch writer
+    assert safetensors_bytes(half, meta) == save_torch({k: v.contiguous() for k, v in half.items()}, metadata=meta)
+
+
 @pytest.mark.parametrize(("features", "change_burn_in"), [(1, 30), (15, 30), (15, 8), (15, None)])
 def test_warmup_burn_in_grows_with_the_dimension_up_to_change_burn_in(
     monkeypatch: pytest.MonkeyPatch, features: int, change_burn_in: int | None
