@@ -230,16 +230,22 @@ class Worker(quarantine.QuarantineHooks):
         otherwise count an attempt against every model of it, and quarantine the innocent ones with the
         culprit (``alone``: the models are already so isolated).  True if any model had entries.
         """
+        # the pending entries (read once per stream and cursor: the models of a stack share both) and each
+        # model's attempt record (cursor, attempts), in one round trip
+        reads = list(dict.fromkeys((self.keys.log(h.tenant, h.stream), h.cursor) for h in models))
         pipe = self.r.pipeline(transaction=False)
-        for h in models:  # the pending entries and the attempt record's (cursor, attempts), one round trip
-            pipe.xrange(self.keys.log(h.tenant, h.stream), b"(" + h.cursor, "+", count=self.s.read_batch)
+        for log_key, cursor in reads:
+            pipe.xrange(log_key, b"(" + cursor, "+", count=self.s.read_batch)
+        for h in models:
             pipe.hmget(quarantine.attempts_key(self.keys, h.tenant, h.name), "cursor", "attempts")
         got = pipe.execute()
-        pending = {h.ref: got[2 * i] for i, h in enumerate(models)}
+        entries = dict(zip(reads, got[: len(reads)], strict=True))
+        records_of = dict(zip((h.ref for h in models), got[len(reads) :], strict=True))
+        pending = {h.ref: entries[(self.keys.log(h.tenant, h.stream), h.cursor)] for h in models}
         # a model with an attempt at its current cursor: a worker died while it ran, or it failed and is retried
         suspects = [] if alone else [
-            h for i, h in enumerate(models)
-            if pending[h.ref] and got[2 * i + 1][0] == h.cursor and int(got[2 * i + 1][1] or 0) > 0
+            h for h in models
+            if pending[h.ref] and records_of[h.ref][0] == h.cursor and int(records_of[h.ref][1] or 0) > 0
         ]  # fmt: skip
         isolated = {h.ref for h in suspects}
         active: list[Held] = []
