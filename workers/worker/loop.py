@@ -256,11 +256,11 @@ class Worker(quarantine.QuarantineHooks):
                 errors: list[Exception | None] = self.begin_attempts(starting, [h.cursor for h in starting], "block")
             except Exception as err:  # nothing is known of any attempt (e.g. Redis unavailable: re-raised)
                 errors = [err] * len(starting)
-            for h, err in zip(starting, errors, strict=True):
-                if err is None:
+            for h, error in zip(starting, errors, strict=True):
+                if error is None:
                     active.append(h)
                 else:
-                    self.failed(h, err)
+                    self.failed(h, error)
         r = 0
         while active and not self.stop.is_set():
             batch = [(h, pending[h.ref][r]) for h in active if r < len(pending[h.ref])]
