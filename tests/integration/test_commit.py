@@ -148,6 +148,36 @@ def test_commit_script_stores_a_chunk_of_many_blocks(settings, r):
     assert int(r.hget(keys.block_seconds, "count")) == n
 
 
+def test_commits_sharing_a_script_call_succeed_or_fail_one_by_one(settings, r):
+    """Scripts.commit_many runs several models' commits in one lua/commit.lua call: each is fenced by its own
+    lease (a lost one writes nothing) and one that raises writes nothing while the others of the call apply."""
+    from workers.store.commit import COMMITS_PER_SCRIPT
+
+    keys = Keys(settings.key_prefix)
+    names = [f"m{i}" for i in range(COMMITS_PER_SCRIPT + 3)]  # two script calls
+    for m in names:
+        r.set(keys.lease("default", m), "token")
+    r.set(keys.lease("default", "m1"), "other")  # m1: the lease moved on
+    r.set(keys.checkpoint("default", "m2"), "not a hash")  # m2: its checkpoint write raises (WRONGTYPE)
+    row = {"seq": 1, "first_index": 0, "block_observations": 1, "observations": 1, "seconds": 0.001}
+    calls = [
+        {"tenant": "default", "model": m, "stream": "s", "token": "token", "ttl_ms": 1000,
+         "checkpoint": {"chunks": 1, "observations": 1}, "rows": [row], "events": [], "alerts": [],
+         "observations": 1, "known": None}
+        for m in names
+    ]  # fmt: skip
+    replies = Scripts(r, keys).commit_many(calls)
+    assert isinstance(replies[1], LeaseLost)
+    assert isinstance(replies[2], redis.ResponseError) and "WRONGTYPE" in str(replies[2])
+    assert r.get(keys.checkpoint("default", "m2")) == b"not a hash" and not r.exists(keys.trace("default", "m2"))
+    assert not r.exists(keys.checkpoint("default", "m1"))
+    for i, m in enumerate(names):
+        if i not in (1, 2):
+            assert replies[i] is None and r.hget(keys.checkpoint("default", m), "chunks") == b"1"
+            assert r.zcard(keys.trace("default", m)) == 1
+    assert int(r.hget(keys.block_seconds, "count")) == len(names) - 2
+
+
 def _shifted_chunks(n: int) -> list[dict]:
     """``n`` chunks of 5 values of N(0, 1), then N(4, 1) from value 20 on: a change the challengers confirm."""
     import torch

@@ -7,7 +7,10 @@ was taken over, or whose model was deleted writes nothing), then reads everythin
 then writes the checkpoint (state, cursor, counters, detector), the trace rows, the
 block-latency histogram, the alerts and the ``evidence``/``alert`` events and renews the lease.
 A script runs alone on the server and reaches the AOF as one ``MULTI/EXEC``, so the commit is
-atomic: a chunk is applied iff the cursor moved past it together with the new state.
+atomic: a chunk is applied iff the cursor moved past it together with the new state.  One script
+call carries the commits of up to :data:`COMMITS_PER_SCRIPT` models (:meth:`Scripts.commit_many`),
+run one after the other, each fenced by its own lease token; one that raises (before its first
+write: its reads come first) writes nothing and the others still apply.
 
 The stream posterior (model probabilities at the largest observation count every active model
 of the stream has processed, API.md "Model comparison") is derived data.  The commit script
@@ -69,6 +72,12 @@ def parse_state(reply: list) -> StreamState | None:
     return StreamState(int(count), leader, models)
 
 
+#: Commits per ``lua/commit.lua`` call (:meth:`Scripts.commit_many`): enough to spread the client's cost of a
+#: command over many commits, few enough that one call's arguments stay small (a command of megabytes costs
+#: the client more per commit to pack) and that one call holds Redis briefly (other clients wait while it runs).
+COMMITS_PER_SCRIPT = 16
+
+
 class Scripts:
     """The worker's scripts registered on one Redis client (``EVALSHA``, reloaded after NOSCRIPT), with
     their KEYS/ARGV layout.  Every method is one round trip."""
@@ -123,39 +132,53 @@ class Scripts:
         return reply
 
     def commit_many(self, calls: list[dict[str, Any]]) -> list[StreamState | None | Exception]:
-        """Run ``lua/commit.lua`` once per call, all in ONE pipelined round trip (each script still fenced by
-        its own lease token; Redis runs them in order, each atomically).  A call's keyword arguments:
-        ``tenant, model, stream, token, ttl_ms`` and ``checkpoint`` (the checkpoint hash fields), the trace
-        ``rows`` (scored by ``first_index``, each counted in the block-latency histogram by its ``seconds``),
-        ``events`` as ``(chunks processed, evidence event head)``
-        (:func:`workers.store.records.evidence_event_head`), ``alerts`` (full records), ``observations``
-        and ``known`` (the models of the stream whose config the caller has, comma-separated; None = no stream
+        """Run the commits of ``calls`` in order, :data:`COMMITS_PER_SCRIPT` to a ``lua/commit.lua`` call, all in
+        ONE round trip: each commit fenced by its own lease token and applied atomically, as one script per
+        commit would.  A call's keyword arguments: ``tenant, model, stream, token, ttl_ms`` and ``checkpoint``
+        (the checkpoint hash fields), the trace ``rows`` (scored by ``first_index``, each counted in the
+        block-latency histogram by its ``seconds``), ``events`` as ``(chunks processed, evidence event head)``
+        (:func:`workers.store.records.evidence_event_head`), ``alerts`` (full records), ``observations`` and
+        ``known`` (the models of the stream whose config the caller has, comma-separated; None = no stream
         query): with it the stream's state is read as of that commit, the model at ``observations``.
 
         Returns, per call in order: the stream's state when its common count moved, None when it did not,
-        or the exception of that call (:class:`LeaseLost`: nothing of it was written; a Redis error of its
-        script).  A connection failure raises (nothing is known of any call).
+        or the exception of that call (:class:`LeaseLost`: nothing of it was written; a Redis error raised by
+        its commit before its first write: nothing of it written; the error of its script call).  A connection
+        failure raises (nothing is known of any call).
         """
-        if len(calls) == 1:  # one model: a plain EVALSHA (a pipeline adds a SCRIPT EXISTS round trip)
-            keys, args = self._commit_call(**calls[0])
+        groups = [calls[i : i + COMMITS_PER_SCRIPT] for i in range(0, len(calls), COMMITS_PER_SCRIPT)]
+        scripts = []
+        for group in groups:
+            keys: list[str] = []
+            args: list[Any] = [len(group)]
+            for call in group:
+                call_keys, call_args = self._commit_call(**call)
+                keys += call_keys
+                args += [len(call_args), *call_args]
+            scripts.append((keys, args))
+        replies: list[Any]
+        if len(scripts) == 1:  # a plain EVALSHA (a pipeline adds a SCRIPT EXISTS round trip)
             try:
-                replies: list[Any] = [self._commit(keys=keys, args=args)]
+                replies = [self._commit(keys=scripts[0][0], args=scripts[0][1])]
             except redis.ResponseError as err:
                 replies = [err]
         else:
             pipe = self.r.pipeline(transaction=False)
-            for call in calls:
-                keys, args = self._commit_call(**call)
+            for keys, args in scripts:
                 self._commit(keys=keys, args=args, client=pipe)
             replies = pipe.execute(raise_on_error=False)
         out: list[StreamState | None | Exception] = []
-        for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                out.append(reply)
-            elif reply[0] == b"lost":
-                out.append(LeaseLost(call["model"]))
-            else:
-                out.append(parse_state(reply))
+        for group, script_replies in zip(groups, replies, strict=True):
+            if isinstance(script_replies, Exception):  # the script call failed: no commit of it ran
+                out += [script_replies] * len(group)
+                continue
+            for call, reply in zip(group, script_replies, strict=True):
+                if reply[0] == b"lost":
+                    out.append(LeaseLost(call["model"]))
+                elif reply[0] == b"error":
+                    out.append(redis.ResponseError(reply[1].decode(errors="replace")))
+                else:
+                    out.append(parse_state(reply))
         return out
 
     def _commit_call(

@@ -12,7 +12,7 @@ def lua(name: str) -> str:
 
 
 _STREAM_STATE = lua("stream_state")
-#: Fenced commit of one chunk (workers.store.commit.Scripts.commit): KEYS/ARGV layout in the file.
+#: Fenced commits, several models' in one call (workers.store.commit.Scripts.commit_many): KEYS/ARGV in the file.
 COMMIT_LUA = _STREAM_STATE + lua("commit")
 #: The stream's state for the stream posterior, read-only.
 STREAM_LUA = _STREAM_STATE + lua("stream")

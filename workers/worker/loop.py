@@ -388,9 +388,9 @@ class Worker(quarantine.QuarantineHooks):
         return done
 
     def finish_all(self, chunks: list[_Chunk], defer: Collection[str] = ()) -> list[str]:
-        """Alerts and the fenced commits of a round's absorbed chunks: every commit script of the round in ONE
-        pipelined round trip (:meth:`Scripts.commit_many`: each script fenced by its own model's lease token,
-        run by Redis in order and atomically), then the stream posterior at each count a stream moved to, once,
+        """Alerts and the fenced commits of a round's absorbed chunks: every commit of the round in ONE round
+        trip (:meth:`Scripts.commit_many`: each commit fenced by its own model's lease token, run by Redis in
+        order and atomically), then the stream posterior at each count a stream moved to, once,
         from the state the last script that saw that count read.  Returns the refs of the models that committed
         (the others failed or lost their lease, handled)."""
         staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = []
@@ -415,7 +415,7 @@ class Worker(quarantine.QuarantineHooks):
             for c, *_ in staged:
                 self.failed(c.h, err)
             return []
-        # The scripts ran in order, so the last script of a stream that saw a given count read every earlier
+        # The commits ran in order, so the last commit of a stream that saw a given count read every earlier
         # commit of the round: the stream posterior at each count the round moved through is computed and stored
         # once, from that state (128 models of a fresh stream cost 128 computations and compare-and-sets, all
         # but two in vain, otherwise).
