@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from workers.store.keys import Keys
+from workers.store.scripts import run_calls
 
 if TYPE_CHECKING:
     from workers.store.commit import Scripts
@@ -220,17 +221,7 @@ class Attempts:
              [token, cursor, fp, self.worker_id, now, limit, what, attempt_id])
             for (tenant, model, token, cursor, fp), attempt_id in zip(calls, ids, strict=True)
         ]  # fmt: skip
-        replies: list[Any]
-        if len(scripts) == 1:
-            try:
-                replies = [self._begin(keys=scripts[0][0], args=scripts[0][1])]
-            except redis.ResponseError as err:
-                replies = [err]
-        else:
-            pipe = self.r.pipeline(transaction=False)
-            for keys, args in scripts:
-                self._begin(keys=keys, args=args, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
+        replies = run_calls(self.r, self._begin, scripts)
         out: list[tuple[int, str] | Exception] = []
         for (_, model, *_), res, attempt_id in zip(calls, replies, ids, strict=True):
             if isinstance(res, Exception):

@@ -39,7 +39,7 @@ from typing import Any
 import redis
 
 from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, counter_field
-from workers.store.scripts import COMMIT_LUA, LEADER_LUA, RELEASE_LUA, RENEW_LUA, STREAM_LUA
+from workers.store.scripts import COMMIT_LUA, LEADER_LUA, RELEASE_LUA, RENEW_LUA, STREAM_LUA, run_calls
 
 
 @dataclass
@@ -156,17 +156,7 @@ class Scripts:
                 keys += call_keys
                 args += [len(call_args), *call_args]
             scripts.append((keys, args))
-        replies: list[Any]
-        if len(scripts) == 1:  # a plain EVALSHA (a pipeline adds a SCRIPT EXISTS round trip)
-            try:
-                replies = [self._commit(keys=scripts[0][0], args=scripts[0][1])]
-            except redis.ResponseError as err:
-                replies = [err]
-        else:
-            pipe = self.r.pipeline(transaction=False)
-            for keys, args in scripts:
-                self._commit(keys=keys, args=args, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
+        replies = run_calls(self.r, self._commit, scripts)
         out: list[StreamState | None | Exception] = []
         for group, script_replies in zip(groups, replies, strict=True):
             if isinstance(script_replies, Exception):  # the script call failed: no commit of it ran

@@ -4,6 +4,9 @@ read once at import with :mod:`importlib.resources`."""
 from __future__ import annotations
 
 from importlib.resources import files
+from typing import Any
+
+import redis
 
 
 def lua(name: str) -> str:
@@ -24,3 +27,20 @@ INGEST_LUA = lua("ingest")
 RENEW_LUA = lua("renew")
 #: Delete a lease that still holds its token.
 RELEASE_LUA = lua("release")
+
+
+def run_calls(r: redis.Redis, script: Any, calls: list[tuple[list[Any], list[Any]]]) -> list[Any]:
+    """Run the registered ``script`` (``Redis.register_script``) once per ``(keys, args)`` of ``calls``, in order, in
+    ONE round trip: a plain ``EVALSHA`` for one call (a pipeline adds a ``SCRIPT EXISTS`` round trip), else a
+    pipeline.  Per call its reply, or the ``redis.ResponseError`` its script raised (as a value); a connection
+    failure raises (nothing is known of any call)."""
+    if len(calls) == 1:
+        keys, args = calls[0]
+        try:
+            return [script(keys=keys, args=args)]
+        except redis.ResponseError as err:
+            return [err]
+    pipe = r.pipeline(transaction=False)
+    for keys, args in calls:
+        script(keys=keys, args=args, client=pipe)
+    return pipe.execute(raise_on_error=False)
