@@ -277,12 +277,18 @@ def _report(
     from service.plots import series_figure
 
     rows = []
+    reasons: list[str] = []  # why each degraded model's value is not certified (API.md status "degraded")
     for name, info in streams.items():
         stream = info["stream"]
         models = [f"{stream}.{k}" for k in model_keys]
         traces = {m.split(".")[-1]: c.full_trace(m) for m in models}
         alerts = c.alerts(stream=stream)
         post = c.stream_posterior(stream)
+        reasons += [
+            f"- {name} {m['model'].split('.')[-1]}: {m.get('error') or 'no reason given'}"
+            for m in post["models"]
+            if m.get("status") == "degraded"
+        ]
         # the stream posterior scores every model on the same observations (after conditioned_on, API.md);
         # a model in error has no probability
         leader = max(post["models"], key=lambda m: -1.0 if m["probability"] is None else m["probability"])
@@ -350,8 +356,11 @@ def _report(
             for name, models in missing.items()
         )
         note = f"**Incomplete**: the time limit came first; these models had not absorbed their series: {behind}.\n\n"
+    why = ""
+    if reasons:
+        why = "\n## Degraded values: why the sampler did not certify them\n\n" + "\n".join(reasons) + "\n"
     (out / "summary.md").write_text(
-        f"# SGAIS demo summary\n\nSampler {sampler}; {seconds:.0f} s in all.\n\n" + note + "\n".join(md) + "\n"
+        f"# SGAIS demo summary\n\nSampler {sampler}; {seconds:.0f} s in all.\n\n" + note + "\n".join(md) + "\n" + why
     )
     table = Table(
         *["series", "most probable", "p", "alerts", "change points (leader)", "annotated", "degraded"],

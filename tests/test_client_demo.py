@@ -53,6 +53,11 @@ def test_quick_demo_writes_plots_summary_and_alerts(service_url, tmp_path):
     for key in ("alerts", "change_point", "evidence_drop", "annealing_spike", "model_switch"):
         assert key in row and int(row[key]) >= 0
     assert math.isfinite(float(row["logZ_ar1"])) and math.isfinite(float(row["logZ_gmm1"]))
+    # every degraded model's reason is in the summary, and nothing else is listed there
+    text = (tmp_path / "summary.md").read_text()
+    listed = re.findall(r"^- UKCoalEmploy (\S+): (.+)$", text, flags=re.M)
+    assert sorted(m for m, _ in listed) == sorted(row["degraded"].split())
+    assert all(reason != "no reason given" for _, reason in listed)
     png = tmp_path / row["plot"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     # the alerts the demo counted are the service's, each with the contract's fields
