@@ -218,7 +218,7 @@ def _advance_once(
     due = _tails_checked(due, out)
     spawns: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]] = []
     located = _locate_each([(st.seg, states, st.xb, st.yb) for _, st, states in due])
-    annealed = _annealed_prefixes([(st, where) for (_, st, _), where in zip(due, located, strict=True)], heartbeat)
+    annealed = _annealed_prefixes([(st, where) for (_, st, _), where in zip(due, located, strict=True)])
     for (k, st, _), where, prefix in zip(due, located, annealed, strict=True):
         try:
             if isinstance(where, Exception):
@@ -245,9 +245,7 @@ def _advance_once(
     return out  # type: ignore[return-value]
 
 
-def _annealed_prefixes(
-    requests: list[tuple[_Step, Any]], heartbeat: Callable[[], None] | None
-) -> list[tuple[float, float] | None]:
+def _annealed_prefixes(requests: list[tuple[_Step, Any]]) -> list[tuple[float, float] | None]:
     """Per ``(step, where)`` (``where``: :func:`_locate`'s answer for the step's block, or its exception), the closed
     segment's ``(log Ẑ, Var log Ẑ)`` up to the start by SGAIS (:meth:`SegmentedEngine._prefix_copy`), where the
     importance weights' ESS is below :data:`PREFIX_ESS`; else None.  The copies absorb their rows in one
@@ -265,7 +263,7 @@ def _annealed_prefixes(
         st, k = requests[i][0], requests[i][1][0]
         blocks.append((st.xb[:k] if st.xb is not None else None, st.yb[:k]))
     try:
-        results = advance_stack([e for _, e in copies], blocks, validated=True, heartbeat=heartbeat) if copies else []
+        results = advance_stack([e for _, e in copies], blocks, validated=True) if copies else []
     except Exception as err:  # not a sampler's failure (those are per copy): every importance estimate stands
         log.warning("scoring the closed segments' last values failed (%s)", err)
         return out
