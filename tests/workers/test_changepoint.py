@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workers import changepoint as cp
-from workers.segmented import SegmentedEngine, skip_observations
+from workers.segmented import SegmentedEngine, advance_blocks, skip_observations
 
 # small and cheap: a 1-D Gaussian (gmm, one component), 10 particles throughout, short burn-in
 CHEAP = {"particles": 10, "warmup_particles": None, "burn_in": 3, "batch_size": 50, "learning_rate": 0.05}
@@ -107,6 +107,49 @@ def test_detects_a_mean_shift_and_restarts_bit_identically():
     # after the swap the error bar adds the closed segment's variance (independent runs) to the new one's
     assert straight.offset_var > 0
     assert straight.log_evidence_se**2 == pytest.approx(straight.offset_var + straight.main._st.log_evidence_var)
+
+
+def test_engines_with_challengers_give_the_same_bits_alone_and_in_any_stack():
+    """The determinism promise with change points: engines advanced together (``advance_blocks``: one stacked
+    kernel call per stack key, the challengers' starts placed and their closed segments scored in batched calls)
+    end with the bits each gets alone, in either order: log-evidence, its error bar, alerts, change
+    probabilities, the live challengers' starts.  Chunks of 5 with a shift at 60, so blocks drop, tails are
+    checked and challengers start inside blocks."""
+    y = shifted(120, 60, 3.0, seed=2)
+    models = [
+        ("gmm", {"dim": 1, "components": 1}, 5),
+        ("gmm", {"dim": 1, "components": 1, "variance_shape": 3.0, "mean_scale": 4.0}, 6),
+        ("autoregressive", {"order": 1}, 7),
+        ("gmm", {"dim": 1, "components": 1, "variance_scale": 2.0}, 8),
+    ]
+
+    def make(i: int) -> SegmentedEngine:
+        family, params, seed = models[i]
+        return SegmentedEngine.create(family, params, {**CHEAP, "seed": seed}, cp.ChangepointSettings())
+
+    def outcome(eng: SegmentedEngine, alerts: list, probs: list) -> tuple:
+        return (eng.log_evidence, eng.log_evidence_se, [c.start for c in eng.challengers], alerts, probs)
+
+    alone = []
+    for i in range(len(models)):
+        eng, alerts, probs = make(i), [], []
+        for k in range(0, len(y), 5):
+            eng.update(None, y[k : k + 5])
+            alerts += eng.take_alerts()
+            probs.append(eng.last_block["change_probability"])
+        alone.append(outcome(eng, alerts, probs))
+    assert any(o[3] for o in alone), "the shift raised no alert: the stacks would not be compared on a change"
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
+        engines = [make(i) for i in order]
+        alerts, probs = [[] for _ in order], [[] for _ in order]
+        for k in range(0, len(y), 5):
+            blocks = [e.family.validate(None, y[k : k + 5]) for e in engines]
+            for j, (eng, res) in enumerate(zip(engines, advance_blocks(engines, blocks), strict=True)):
+                assert not isinstance(res, Exception), res
+                alerts[j] += eng.take_alerts()
+                probs[j].append(eng.last_block["change_probability"])
+        for j, i in enumerate(order):
+            assert outcome(engines[j], alerts[j], probs[j]) == alone[i], (order, i)
 
 
 @pytest.mark.slow
