@@ -571,10 +571,7 @@ def _score_checks(family: StackedFamily, todo: list[tuple[int, SGAISState]]) -> 
         ks += [k for k, _ in same]
         thetas.append(theta)
         log_ws.append(torch.stack([st.log_w for _, st in same]))
-        if sub.sufficient_statistics:  # Σ_rows ∇ log p(y|θ) = g(θ, Σ_rows T(y)): one pass over the rows, not M
-            scores.append(sub.grad_log_prior(theta) + sub.grad_from_statistics(theta, sub.statistics(hx, hy)))
-        else:
-            scores.append(sub.grad_log_prior(theta) + history_gradient(sub, theta, hx, hy))
+        scores.append(sub.grad_log_prior(theta) + history_gradient(sub, theta, hx, hy))
     reasons = conflict.score_checks(torch.cat(thetas), torch.cat(log_ws), torch.cat(scores))
     return dict(zip(ks, reasons, strict=True))
 
