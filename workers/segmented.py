@@ -113,6 +113,11 @@ class _Step:
     value: float = math.nan  # its per-observation log-predictive (nats)
 
 
+#: :func:`_locate`'s answer for one block: the start's row ``k``, each population's log-predictive of the rows before
+#: it (nats), the tail's (mean per-row log-predictive, rows) and each population's ESS fraction
+Located = tuple[int, list[float], tuple[float, int], list[float]]
+
+
 def ramp_bounds(first: int, n: int) -> list[tuple[int, int]]:
     """``(start, stop)`` offsets of the sub-blocks a block of ``n`` values starting at stream index ``first`` is
     absorbed in: cut so that no sub-block holds more values than the stream before it (the first value aside),
@@ -252,16 +257,15 @@ def _annealed_prefixes(requests: list[tuple[_Step, Any]]) -> list[tuple[float, f
     :func:`~workers.stacking.advance_stack` call (each gets the bits it gets alone)."""
     out: list[tuple[float, float] | None] = [None] * len(requests)
     copies: list[tuple[int, ModelEngine]] = []
+    blocks = []  # each copy's rows: the block's before the start
     for i, (st, where) in enumerate(requests):
         if isinstance(where, Exception) or where[3][0] >= PREFIX_ESS:
             continue
-        eng = st.seg._prefix_copy(st, where[0])
+        k = where[0]
+        eng = st.seg._prefix_copy(st, k)
         if eng is not None:
             copies.append((i, eng))
-    blocks = []
-    for i, _ in copies:
-        st, k = requests[i][0], requests[i][1][0]
-        blocks.append((st.xb[:k] if st.xb is not None else None, st.yb[:k]))
+            blocks.append((st.xb[:k] if st.xb is not None else None, st.yb[:k]))
     try:
         results = advance_stack([e for _, e in copies], blocks, validated=True) if copies else []
     except Exception as err:  # not a sampler's failure (those are per copy): every importance estimate stands
@@ -312,13 +316,13 @@ def _stacked(
 
 def _locate_each(
     requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, prefixes: bool = True
-) -> list[tuple[int, list[float], tuple[float, int], list[float]] | Exception]:
+) -> list[Located | Exception]:
     """:func:`_locate` of all the requests at once; if that fails, of each alone, so that the failure is that
     engine's result (its exception) and the others are unaffected."""
     try:
         return list(_locate(requests, prefixes=prefixes))
     except Exception:
-        out: list[tuple[int, list[float], tuple[float, int], list[float]] | Exception] = []
+        out: list[Located | Exception] = []
         for req in requests:
             try:
                 out += _locate([req], prefixes=prefixes)
@@ -327,9 +331,7 @@ def _locate_each(
         return out
 
 
-def _locate(
-    requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, prefixes: bool = True
-) -> list[tuple[int, list[float], tuple[float, int], list[float]]]:
+def _locate(requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, prefixes: bool = True) -> list[Located]:
     """For each ``(engine, states, xb, yb)``: where in the block a challenger started at it most probably starts,
     each population's log-predictive of the block's values before it (nats; ``states``: the populations'
     states before the block, main first), and the main population's mean per-row log-predictive of the values from
@@ -366,7 +368,7 @@ def _locate(
                 if split < int(lp.shape[1]):
                     tail_of[r] = (float(lp_r[split:].mean()), int(lp.shape[1]) - split)
     prefix = _prefix_estimates(requests, rows, k_of) if prefixes else {}
-    out: list[tuple[int, list[float], tuple[float, int], list[float]]] = []
+    out: list[Located] = []
     for r, (_, states, _, yb) in enumerate(requests):
         if int(yb.shape[0]) <= 1:
             out.append((0, [0.0] * len(states), (math.nan, 0), [1.0] * len(states)))
