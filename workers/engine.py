@@ -42,6 +42,7 @@ from workers.ess import ess
 from workers.history import History
 from workers.settings import SamplerSettings
 from workers.stacking import BlockInfo, Heartbeat, SGAISState, advance_stack, init_state
+from workers.state import BlockLikelihoods
 
 CHECKPOINT_VERSION = 1
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class ModelEngine:
         # observations of a checkpoint written before the error bars (CHECKPOINT_VERSION 1 without evidence_var)
         self.evidence_var_since = 0
         self.state: SGAISState | None = None
+        self.block_likelihoods: BlockLikelihoods | None = None  # the last block's rows (workers.stacking)
         if _init_state:
             self.state = init_state(self.generator, self.family, self.settings)
 

@@ -382,15 +382,23 @@ def _block_likelihoods(
     requests: list[tuple[SegmentedEngine, list[Any], Any, Any]],
 ) -> dict[tuple[int, int], tuple[torch.Tensor, int]]:
     """(request, population) -> ``(log p(y_i | θ_m): [M, R], offset)`` for :func:`_locate`'s requests of more than
-    one row: one stacked evaluation per stack key and shape (each population's values are those it gets alone);
-    ``offset``: the block's values taken into the context at the stream's start."""
+    one row: the rows the population's first annealing step evaluated (:attr:`ModelEngine.block_likelihoods`, the
+    same values), or where it has none for these particles one stacked evaluation per stack key and shape (each
+    population's values are those it gets alone); ``offset``: the block's values taken into the context at the
+    stream's start.  Population ``j`` of a request is ``[main, *challengers][j]`` (:meth:`SegmentedEngine._after_main`
+    keeps them in the states' order; the particles' identity is checked)."""
     rows: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
     groups: dict[tuple[Any, ...], list[tuple[tuple[int, int], Any, torch.Tensor, Any, torch.Tensor, int]]] = {}
     for r, (seg, states, xb, yb) in enumerate(requests):
         if int(yb.shape[0]) <= 1:
             continue
         dtype = states[0].theta.dtype  # every population has the model's sampler settings
+        engines = [seg.main, *(c.engine for c in seg.challengers)]
         for j, st in enumerate(states):
+            done = engines[j].block_likelihoods if j < len(engines) else None
+            if done is not None and done.theta is st.theta:
+                rows[(r, j)] = (done.rows, int(yb.shape[0]) - int(done.rows.shape[-1]))
+                continue
             xr, yr, _ = seg.family.prepare(xb, yb, st.context)
             off = int(yb.shape[0]) - int(yr.shape[0])  # values taken into the context at the stream's start
             x1 = xr.to(dtype) if xr is not None else None

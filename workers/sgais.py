@@ -180,6 +180,9 @@ class BlockStats(NamedTuple):
     resampled: list[bool]
     guard_tripped: list[bool]  # max_annealing_steps reached; the rest of the block was taken in one step
     error: list[str | None]  # why the model's block failed (its state must not be used), or None
+    # ``log p(y_b | θ_m): [K, M, B]`` at the particles before the block (the first annealing step's rows, before
+    # their sum): the one-step predictive rows that :func:`workers.segmented._locate` reads
+    first_rows: torch.Tensor | None = None
 
 
 def init(
@@ -247,10 +250,13 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
     resampled, tripped, failed = (torch.zeros(K, dtype=torch.bool, device=dev) for _ in range(3))
     errors: list[str | None] = [None] * K
     active = torch.arange(K, device=dev)
+    first_rows: torch.Tensor | None = None
     while active.numel():
         full = active.numel() == K
         sub_block, sub = (block, state) if full else (block.select(active), state.select(active))
-        ll = sub_block.family.log_likelihood(sub.theta, sub_block.x, sub_block.y).sum(-1).to(torch.float64)
+        rows = sub_block.family.log_likelihood(sub.theta, sub_block.x, sub_block.y)
+        first_rows = rows if first_rows is None else first_rows
+        ll = rows.sum(-1).to(torch.float64)
         bad = torch.isnan(ll).any(-1) | torch.isposinf(ll).any(-1) | ~torch.isfinite(ll).any(-1)
         for k in active[bad].tolist():
             errors[k] = f"log-likelihood is NaN or infinite for some of the {M} particles"
@@ -276,7 +282,7 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
             errors[k] = "log-weights became NaN or all -inf, or SGHMC diverged (particles at NaN/inf or beyond 1e12)"
         failed[active] |= info.failed | bad
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]
-    return state, BlockStats(steps.tolist(), resampled.tolist(), tripped.tolist(), errors)
+    return state, BlockStats(steps.tolist(), resampled.tolist(), tripped.tolist(), errors, first_rows)
 
 
 def tempered_step(
@@ -560,22 +566,19 @@ def _move(
     def run(step_size: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _sghmc_steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, counts)
 
-    diagonal_xi = torch.sqrt(2.0 * alpha * step_size)[:, None] * noise  # ξ ~ N(0, 2αη), all steps at once
     # not on a prior population: D observations identify D parameters
     gate = None if correlated is None else correlated & (block.n_prev >= theta.shape[-1])
     if gate is None or not bool(gate.any()):
-        return run(step_size, diagonal_xi)
+        return run(step_size, _diagonal_xi(noise, alpha, step_size))
     # P = L Lᵀ: ξ = √(2α)·L·N(0, I) from the same draws, the drift P∇U; per model, the full preconditioner or
     # the diagonal (where P could not be formed)
     P, L, use = _full_preconditioner(theta, log_w, first, variance, s.learning_rate)
     use &= gate
     if not bool(use.any()):
-        return run(step_size, diagonal_xi)
+        return run(step_size, _diagonal_xi(noise, alpha, step_size))
     diagonal = torch.diag_embed(step_size[:, 0, :])
-    full_xi = torch.sqrt(2.0 * alpha)[:, None] * (noise @ L.transpose(1, 2)[:, None])
-    th, v = run(
-        torch.where(use[:, None, None], P, diagonal), torch.where(use[:, None, None, None], full_xi, diagonal_xi)
-    )
+    xi = _mixed_xi(noise, alpha, step_size, L, use)
+    th, v = run(torch.where(use[:, None, None], P, diagonal), xi)
     # a model whose full-preconditioned moves took a particle further than RUNAWAY_SD of the population's own sd
     # (in any coordinate) redoes them with the diagonal, from the same draws: the average curvature that sized
     # its step missed a stiffer region (Bitcoin's 2017 bubble under AR(1): the noise variance moves by orders of
@@ -583,10 +586,31 @@ def _move(
     far = ((th - theta).abs() / variance.sqrt().to(theta.dtype)[:, None, :]).amax((1, 2))
     redo = use & ~(far <= RUNAWAY_SD)
     if bool(redo.any()):
-        step_size = torch.where((use & ~redo)[:, None, None], P, diagonal)
-        th2, v2 = run(step_size, torch.where((use & ~redo)[:, None, None, None], full_xi, diagonal_xi))
+        idx = redo.nonzero()[:, 0]
+        xi[idx] = _diagonal_xi(noise[idx], alpha[idx], step_size[idx])
+        th2, v2 = run(torch.where((use & ~redo)[:, None, None], P, diagonal), xi)
         th, v = torch.where(redo[:, None, None], th2, th), torch.where(redo[:, None, None], v2, v)
     return th, v
+
+
+def _diagonal_xi(noise: torch.Tensor, alpha: torch.Tensor, step_size: torch.Tensor) -> torch.Tensor:
+    """``ξ = √(2αη)·N(0, I): [K, S, M, D]`` for every step at once, from ``noise: [K, S, M, D]``, the momentum decay
+    ``alpha: [K, 1, 1]`` and the diagonal step sizes ``step_size: [K, 1, D]`` (eq. 2.53)."""
+    return torch.sqrt(2.0 * alpha * step_size)[:, None] * noise
+
+
+def _mixed_xi(
+    noise: torch.Tensor, alpha: torch.Tensor, step_size: torch.Tensor, L: torch.Tensor, use: torch.Tensor
+) -> torch.Tensor:
+    """``ξ: [K, S, M, D]``: ``√(2α)·N(0, I)·Lᵀ ~ N(0, 2α·LLᵀ)`` for the models with ``use: [K]`` (their full
+    preconditioner's factor ``L: [K, D, D]``), :func:`_diagonal_xi` for the others.  Each kind is computed on its
+    own models only (row by row the same values as computing both for the whole stack and picking)."""
+    xi = torch.empty_like(noise)
+    full, diag = use.nonzero()[:, 0], (~use).nonzero()[:, 0]
+    if diag.numel():
+        xi[diag] = _diagonal_xi(noise[diag], alpha[diag], step_size[diag])
+    xi[full] = torch.sqrt(2.0 * alpha[full])[:, None] * (noise[full] @ L[full].transpose(1, 2)[:, None])
+    return xi
 
 
 def _sghmc_steps(
@@ -602,13 +626,14 @@ def _sghmc_steps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``max(counts)`` SGHMC steps (``first``: the gradient at ``theta``, ``xi: [K, S, M, D]`` the noise); model
     ``k`` stops after ``counts[k]`` of them."""
+    ends, first_end = torch.tensor(counts, device=theta.device)[:, None, None], min(counts, default=0)
     for step in range(max(counts, default=0)):
         new_theta, new_velocity = sghmc_step(
             theta, velocity, first if step == 0 else grad_u(theta, batch_at(step)), xi[:, step],
             step_size=step_size, momentum_keep=keep_v,
         )  # fmt: skip
-        if any(b <= step for b in counts):  # some models have finished their moves: they stay where they are
-            keep = torch.tensor([b <= step for b in counts], device=theta.device)[:, None, None]
+        if step >= first_end:  # some models have finished their moves: they stay where they are
+            keep = ends <= step
             new_theta, new_velocity = torch.where(keep, theta, new_theta), torch.where(keep, velocity, new_velocity)
         theta, velocity = new_theta, new_velocity
     return theta, velocity

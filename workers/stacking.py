@@ -54,7 +54,7 @@ from workers.gradients import history_gradient
 from workers.history import History, StackBatches
 from workers.resampling import RESAMPLERS, systematic_resample
 from workers.settings import SamplerSettings
-from workers.state import BlockInfo, Model, SGAISState, Slot, summaries
+from workers.state import BlockInfo, BlockLikelihoods, Model, SGAISState, Slot, summaries
 
 #: Sampler settings that may differ between the models of one stack (per-model rows or engine policy).
 PER_MODEL_SETTINGS = frozenset(
@@ -375,6 +375,9 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         settings=settings,
     )
     new, stats = sgais.absorb_block(block, state)
+    if stats.first_rows is not None:  # the block's rows at the particles before it (workers.segmented._locate)
+        for p, rows in zip(group, stats.first_rows, strict=True):
+            p.model.block_likelihoods = BlockLikelihoods(p.state.theta, rows)
     # Keep G_i = Σ_{y∈H} ∇ log p(y|a_i) exact as the block joins the history.
     anchored = torch.tensor([p.anchored for p in group], device=device)
     if anchored.any():

@@ -136,6 +136,14 @@ class BlockInfo(NamedTuple):
     degraded: str | None = None  # why the running log-evidence is not certified (the model's status), or None
 
 
+class BlockLikelihoods(NamedTuple):
+    """The per-row log-likelihoods of the last block a model absorbed, at its particles before the block (the
+    first annealing step's, :attr:`workers.sgais.BlockStats.first_rows`); not checkpointed."""
+
+    theta: torch.Tensor  # [M, D], the particles they were evaluated at: the state's own tensor (its identity marks it)
+    rows: torch.Tensor  # log p(y_b | θ_m): [M, B] (nats)
+
+
 class Model(Protocol):
     """What :func:`advance_stack` needs of a model (``ModelEngine`` has it)."""
 
@@ -144,6 +152,7 @@ class Model(Protocol):
     generator: torch.Generator
     state: SGAISState | None
     observations: int
+    block_likelihoods: BlockLikelihoods | None  # set by advance_stack for each block
 
 
 @dataclass
@@ -155,3 +164,4 @@ class Slot:
     generator: torch.Generator
     state: SGAISState | None
     observations: int = 0
+    block_likelihoods: BlockLikelihoods | None = None
