@@ -323,14 +323,16 @@ def tempered_step(
         mean = (torch.logsumexp(log_w[rows], -1) - math.log(M))[:, None].expand(-1, M)
         log_w = log_w.index_copy(0, rows, mean.contiguous())
     burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
-    moving = burn > 0
-    if bool(moving.all()):
+    counts = burn.tolist()
+    if len(set(counts)) == 1 and counts[0] > 0:
         theta, velocity = _move(
             block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
             variance=posterior_var, correlated=correlated,
         )  # fmt: skip
-    elif bool(moving.any()):  # the models that stay put do no arithmetic: the others move as a sub-stack
-        rows = moving.nonzero()[:, 0]
+    # the models that stay put do no arithmetic, and the others move in sub-stacks of one burn-in each: in one stack a
+    # challenger's 10 moves would ride along, masked, for the main populations' 20 (workers.segmented)
+    for c in sorted(set(counts) - {0}) if len(set(counts)) > 1 else []:
+        rows = (burn == c).nonzero()[:, 0]
         th, v = _move(
             block.select(rows), theta[rows], velocity[rows], anchor[rows], anchor_grad[rows], lam=lam[rows],
             step_size=step_size[rows], burn=burn[rows], log_w=log_w[rows], variance=posterior_var[rows],
