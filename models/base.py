@@ -316,6 +316,8 @@ class ParameterSpace:
                 u = c
             elif block.stop == block.start:  # nothing to move (a one-component simplex)
                 u = c.new_zeros((c.shape[0], 0))
+            elif self.lean[spec.name] == "positive":  # the inverse of _exp: log((c − 0)/1), the same bits
+                u = c.log()
             else:
                 u = spec.transform.inv(c)
             parts.append(u.reshape(c.shape[0], -1))
