@@ -128,6 +128,7 @@ class ModelEngine:
             NaN/inf during the update; blocks before the failing one stay absorbed.
         """
         (result,) = advance_stack([self], [(x, y)], validated=validated, heartbeat=heartbeat)
+        self.block_likelihoods = None  # read only by workers.segmented within its own call
         if isinstance(result, Exception):
             raise result
         return result

@@ -192,6 +192,8 @@ def advance_blocks(
     for k, seg in enumerate(engines):
         if changed[k]:
             seg.last_block["change_point"] = True
+        for eng in (seg.main, *(c.engine for c in seg.challengers)):
+            eng.block_likelihoods = None  # read by _locate within the call; not kept ([K, M, B] per stack)
     return out  # type: ignore[return-value]
 
 

@@ -153,6 +153,46 @@ def test_engines_with_challengers_give_the_same_bits_alone_and_in_any_stack():
 
 
 @pytest.mark.slow
+def test_challenger_placement_reads_the_first_annealing_steps_rows(monkeypatch):
+    """``_locate`` reads each population's per-row log-likelihoods from its block's first annealing step
+    (``ModelEngine.block_likelihoods``) instead of evaluating them again: every row it reuses equals a fresh
+    evaluation bit for bit (gmm, and AR(1) whose first block conditions on its first value), and none is kept
+    after the call."""
+    import workers.segmented as seg_mod
+
+    fresh = seg_mod._block_likelihoods
+    seen = {"reused": 0, "rows": 0}
+
+    def checked(requests):
+        got = fresh(requests)
+        kept = {}
+        for seg, _, _, _ in requests:
+            for e in (seg.main, *(c.engine for c in seg.challengers)):
+                kept[id(e)] = (e, e.block_likelihoods)
+                e.block_likelihoods = None
+        again = fresh(requests)
+        for e, bl in kept.values():
+            e.block_likelihoods = bl
+        for key, (rows, offset) in got.items():
+            seen["rows"] += 1
+            seen["reused"] += rows is not again[key][0]
+            assert offset == again[key][1] and rows.dtype == again[key][0].dtype
+            assert torch.equal(rows, again[key][0]), key
+        return got
+
+    monkeypatch.setattr(seg_mod, "_block_likelihoods", checked)
+    y = shifted(120, 60, 3.0, seed=2)
+    engines = [
+        SegmentedEngine.create("gmm", {"dim": 1, "components": 1}, {**CHEAP, "seed": 5}, cp.ChangepointSettings()),
+        SegmentedEngine.create("autoregressive", {"order": 1}, {**CHEAP, "seed": 7}, cp.ChangepointSettings()),
+    ]
+    for k in range(0, len(y), 5):
+        blocks = [e.family.validate(None, y[k : k + 5]) for e in engines]
+        assert not any(isinstance(r, Exception) for r in advance_blocks(engines, blocks))
+        assert all(p.block_likelihoods is None for e in engines for p in (e.main, *(c.engine for c in e.challengers)))
+    assert seen["rows"] > 20 and seen["reused"] == seen["rows"], seen
+
+
 def test_a_flagged_segment_keeps_the_model_flagged_after_the_change_that_closes_it():
     """The reported log-evidence sums every segment's log Ẑ, so when the population of a segment was flagged
     (``degraded``: its value not certified), the change that closes the segment must not clear the flag: the
