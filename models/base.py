@@ -478,6 +478,12 @@ class Family(ABC):
         (``sufficient_statistics`` families)."""
         raise NotImplementedError(f"{self.name} has no sufficient statistics")
 
+    def stacked_mode_from_statistics(self, T: torch.Tensor) -> torch.Tensor | None:
+        """``θ̂: [K, D]``, the zero of :meth:`stacked_grad_from_statistics` ``g(θ, T)`` for ``T: [K, P]`` (prior
+        pseudo-statistics plus data), where it has a closed form: the mode of a conjugate posterior in the unconstrained
+        coordinates (``workers.conflict.laplace``); None where it has none (the default)."""
+        return None
+
     def stacked_fisher(
         self, theta: torch.Tensor, weights: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict
     ) -> torch.Tensor:

@@ -277,6 +277,17 @@ class GaussianMixture(Family):
         g_u = 0.5 * (s2 - 2.0 * mu * s1 + mu * mu * n) * iv - h
         return torch.cat([g_mu, g_u], dim=-1)
 
+    def stacked_mode_from_statistics(self, T):
+        """One component: the zero of :meth:`stacked_grad_from_statistics`, ``μ̂ = S1/N`` and
+        ``σ̂² = (S2 − S1²/N)/(2H)`` per coordinate (``u = log σ̂²``; with the prior's pseudo-observations in ``T``, the
+        normal–inverse-gamma posterior's mode in ``(μ, log σ²)``, the log-|J| included) -> ``[K, 2d]``."""
+        if self.params.components != 1:
+            return None
+        d = self.params.dim
+        n, s1, s2, h = T[:, :1], T[:, 1 : 1 + d], T[:, 1 + d : 1 + 2 * d], T[:, 1 + 2 * d :]
+        mu = s1 / n
+        return torch.cat([mu, torch.log((s2 - s1 * mu) / (2.0 * h))], dim=-1)
+
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params
         K, d = p.components, p.dim

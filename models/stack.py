@@ -117,6 +117,10 @@ class StackedFamily:
         """``T0: [K, P]``: ``∇ log p(θ) = g(θ, T0)`` (log-|J| included)."""
         return self.family.stacked_prior_pseudo_statistics(self.hp)
 
+    def mode_from_statistics(self, T: torch.Tensor) -> torch.Tensor | None:
+        """``θ̂: [K, D]`` with ``g(θ̂, T) = 0`` in closed form, or None (:meth:`Family.stacked_mode_from_statistics`)."""
+        return self.family.stacked_mode_from_statistics(T)
+
     def grad_from_statistics(self, theta: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
         """``g(θ, T)``: ``theta: [K, M, D]``, ``T: [K, P]`` -> ``[K, M, D]``, linear in ``T``."""
         return self.family.stacked_grad_from_statistics(theta, T)

@@ -55,6 +55,7 @@ bites and the exact gradient over the history costs no more than one re-anchorin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -119,13 +120,13 @@ def one_block(family: Family, x: torch.Tensor | None, y: torch.Tensor, device: t
 
 
 def laplace(block: OneBlock, theta0: torch.Tensor, *, iterations: int = 500) -> Laplace | None:
-    """Mode of the block's log target by L-BFGS (strong Wolfe line search) from ``theta0: [D]``, and the
-    Cholesky factor of ``H⁻¹`` (``H`` the negative Hessian there).
+    """Mode of the block's log target, and the Cholesky factor of ``H⁻¹`` (``H`` the negative Hessian there).
 
-    The target and its gradient are the sampler's own lean stacked evaluations (``models.stack``, closed-form
-    gradients where the family has them); ``H`` is the central difference of the gradient with step
-    ``HESSIAN_STEP·max(1, |θ̂_d|)`` in each coordinate (2D gradients in one call; relative error ~1e-8 in
-    float64, immaterial for a proposal whose errors the importance weights correct).
+    The mode: in closed form where the family has one (:func:`closed_form_mode`: conjugate posteriors), else by
+    L-BFGS (strong Wolfe line search) from ``theta0: [D]``.  The target and its gradient are the sampler's own lean
+    stacked evaluations (``models.stack``, closed-form gradients where the family has them); ``H`` is the central
+    difference of the gradient with step ``HESSIAN_STEP·max(1, |θ̂_d|)`` in each coordinate (2D gradients in one
+    call; relative error ~1e-8 in float64, immaterial for a proposal whose errors the importance weights correct).
     Deterministic (no random draws).  Returns None when the optimisation or the Hessian is not finite or
     ``H`` is not positive definite, or ``D`` > :data:`FULL_HESSIAN_DIM` (the caller then keeps the prior start).
     """
@@ -135,11 +136,86 @@ def laplace(block: OneBlock, theta0: torch.Tensor, *, iterations: int = 500) -> 
     one, fam_x, fam_y = block
     lam = torch.ones(1, dtype=torch.float64, device=theta0.device)
 
-    def target(t: torch.Tensor) -> torch.Tensor:  # [P, D] -> [P]
-        return (one.log_prior(t[None]) + one.log_likelihood(t[None], fam_x, fam_y).sum(-1))[0]
-
     def gradient(t: torch.Tensor) -> torch.Tensor:  # [P, D] -> [P, D]
         return one.grad_log_target(t[None], fam_x, fam_y, lam)[0]
+
+    with torch.no_grad():
+        mode = closed_form_mode(block)
+        fit = _curvature(gradient, mode, check=True) if mode is not None else None
+    if fit is None:  # no closed form, or it failed its check: the optimiser
+        mode = _lbfgs_mode(block, gradient, theta0, iterations)
+        with torch.no_grad():
+            fit = _curvature(gradient, mode) if mode is not None and torch.isfinite(mode).all() else None
+    if fit is None:
+        return None
+    H, mode = fit[0], fit[1]
+    try:
+        L = torch.linalg.cholesky(H)
+    except RuntimeError:
+        return None
+    # Σ = H⁻¹ = L⁻ᵀ L⁻¹: its Cholesky factor is the lower-triangular factor of (L⁻ᵀ)(L⁻ᵀ)ᵀ
+    Linv = torch.linalg.solve_triangular(L, torch.eye(D, dtype=torch.float64, device=mode.device), upper=False)
+    scale = torch.linalg.cholesky(Linv.T @ Linv)
+    if not torch.isfinite(scale).all():
+        return None
+    return Laplace(mode, scale)
+
+
+#: A closed-form mode is taken when the gradient there is within this many posterior sds of zero per coordinate,
+#: ``|∂_d f| / √H_dd`` (exact arithmetic gives 0; float64 rounding ~1e-12 at unit scale): otherwise L-BFGS fits.
+CLOSED_FORM_OFFSET = 1e-6
+
+
+def closed_form_mode(block: OneBlock) -> torch.Tensor | None:
+    """``θ̂: [D]``, the block posterior's mode where the family gives it in closed form, else None: for a quadratic
+    family (``∇ log p(θ) + Σ ∇ log p(y|θ) = (c0 + c) − θ(A0 + A)``) ``θ̂ = (A0 + A)⁻¹(c0 + c)``; for a
+    sufficient-statistics family the zero of ``g(θ, T0 + T_C)``
+    (:meth:`models.base.Family.stacked_mode_from_statistics`, e.g. a one-component gmm's normal–inverse-gamma mode).
+    Replaces L-BFGS's 7-40 target and gradient evaluations (3.5-30 ms, measured ad hoc on gmm and regression blocks)
+    by one evaluation of the statistics (0.4 ms with the Hessian) for the families that have one."""
+    one, x, y = block
+    if one.quadratic:
+        A0, c0 = one.prior_statistics()
+        A, c = one.gradient_statistics(x, y)
+        try:
+            return torch.linalg.solve(A0[0] + A[0], c0[0] + c[0])
+        except RuntimeError:
+            return None
+    if one.sufficient_statistics:
+        mode = one.mode_from_statistics(one.prior_pseudo_statistics() + one.statistics(x, y))
+        return mode[0] if mode is not None else None
+    return None
+
+
+def _curvature(
+    gradient: Callable[[torch.Tensor], torch.Tensor], mode: torch.Tensor, *, check: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(H: [D, D], mode)``: the negative Hessian of the log target at ``mode: [D]`` by central differences of
+    ``gradient`` (one call at ``2D + 1`` points, the mode's own gradient last), symmetrised; None when it is not
+    finite, or with ``check`` when the gradient at ``mode`` is more than :data:`CLOSED_FORM_OFFSET` posterior sds
+    (``|∂_d f| / √H_dd``) from zero in some coordinate."""
+    D = mode.shape[0]
+    h = HESSIAN_STEP * mode.abs().clamp_min(1.0)
+    eye = torch.diag(h)
+    g = gradient(torch.cat([mode + eye, mode - eye, mode[None]]))  # [2D + 1, D]
+    H = -(g[:D] - g[D : 2 * D]) / (2 * h[:, None])  # row d: −∂_d ∇ log target
+    H = 0.5 * (H + H.T)
+    if not (torch.isfinite(H).all() and torch.isfinite(g[-1]).all()):
+        return None
+    if check and not bool((g[-1].abs() <= CLOSED_FORM_OFFSET * H.diagonal().clamp_min(0.0).sqrt()).all()):
+        return None
+    return H, mode
+
+
+def _lbfgs_mode(
+    block: OneBlock, gradient: Callable[[torch.Tensor], torch.Tensor], theta0: torch.Tensor, iterations: int
+) -> torch.Tensor | None:
+    """The log target's maximum by L-BFGS (strong Wolfe line search, ``max|∇| ≤ 1e-9``, at most ``iterations``) from
+    ``theta0: [D]``; None when the optimiser fails."""
+    one, fam_x, fam_y = block
+
+    def target(t: torch.Tensor) -> torch.Tensor:  # [P, D] -> [P]
+        return (one.log_prior(t[None]) + one.log_likelihood(t[None], fam_x, fam_y).sum(-1))[0]
 
     t = theta0.detach().clone().to(torch.float64).requires_grad_(True)
     opt = torch.optim.LBFGS([t], lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe", tolerance_grad=1e-9)
@@ -155,27 +231,7 @@ def laplace(block: OneBlock, theta0: torch.Tensor, *, iterations: int = 500) -> 
         opt.step(closure)
     except (RuntimeError, ValueError):
         return None
-    mode = t.detach()
-    if not torch.isfinite(mode).all():
-        return None
-    with torch.no_grad():
-        h = HESSIAN_STEP * mode.abs().clamp_min(1.0)
-        eye = torch.diag(h)
-        g = gradient(torch.cat([mode + eye, mode - eye]))  # [2D, D]
-        H = -(g[:D] - g[D:]) / (2 * h[:, None])  # row d: ∂_d ∇ log target
-        H = 0.5 * (H + H.T)
-    if not torch.isfinite(H).all():
-        return None
-    try:
-        L = torch.linalg.cholesky(H)
-    except RuntimeError:
-        return None
-    # Σ = H⁻¹ = L⁻ᵀ L⁻¹: its Cholesky factor is the lower-triangular factor of (L⁻ᵀ)(L⁻ᵀ)ᵀ
-    Linv = torch.linalg.solve_triangular(L, torch.eye(D, dtype=torch.float64, device=mode.device), upper=False)
-    scale = torch.linalg.cholesky(Linv.T @ Linv)
-    if not torch.isfinite(scale).all():
-        return None
-    return Laplace(mode, scale)
+    return t.detach()
 
 
 def best_laplace(

@@ -379,13 +379,15 @@ UNIMODAL_CASES = {  # family, params, a block that conflicts with the prior: (x 
 
 
 @pytest.mark.parametrize("case", list(UNIMODAL_CASES))
-def test_families_claiming_one_mode_reach_it_from_every_start(case: str) -> None:
+def test_families_claiming_one_mode_reach_it_from_every_start(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A family with ``unimodal`` stops at its first Laplace fit (workers.conflict.best_laplace).  The claim is
-    checked where a second mode would show: a block far from the prior, fitted from each of the 16 best prior draws;
-    every fit that succeeds must reach the first one's mode (to 1e-4 of a posterior sd).  The AR(1) with unknown
-    noise is not claimed (semi-conjugate prior) and keeps four starts."""
+    checked where a second mode would show: a block far from the prior, fitted by L-BFGS (closed-form modes off)
+    from each of the 16 best prior draws; every fit that succeeds must reach the first one's mode (to 1e-4 of a
+    posterior sd).  The AR(1) with unknown noise is not claimed (semi-conjugate prior) and keeps four starts."""
     from models import make_family
     from models.base import Family
+
+    monkeypatch.setattr(conflict, "closed_form_mode", lambda block: None)
 
     name, params, block = UNIMODAL_CASES[case]
     family: Family = make_family(name, params)
@@ -405,3 +407,48 @@ def test_families_claiming_one_mode_reach_it_from_every_start(case: str) -> None
     sd = fits[0].scale_tril.pow(2).sum(1).sqrt()
     for f in fits[1:]:
         assert ((f.mode - fits[0].mode).abs() / sd).max() < 1e-4
+
+
+CLOSED_FORM_CASES = {  # family, params, (x | None, y) of a block
+    "gmm, d = 1, data near 300": ("gmm", {"dim": 1, "components": 1, "variance_shape": 3.0}, None, [310.0, 290.0]),
+    "gmm, d = 2, one row": ("gmm", {"dim": 2, "components": 1, "mean_scale": 4.0}, None, [[0.7, -1.2]]),
+    "linear regression, known noise": (
+        "linear_regression",
+        {"features": 2, "noise_std": 0.5},
+        [[1.0, 2.0], [-0.5, 0.3], [2.0, -1.0], [0.1, 0.1]],
+        [30.0, 9.0, 12.0, 10.0],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CLOSED_FORM_CASES))
+def test_a_closed_form_mode_is_the_maximum_found_by_a_reference_optimiser(case: str) -> None:
+    """:func:`workers.conflict.closed_form_mode` (a one-component gmm's normal–inverse-gamma mode; a quadratic
+    family's ``(A0 + A)⁻¹(c0 + c)``) is the maximum of the block's log target that scipy's BFGS finds from the prior
+    mean on the same log density (to 1e-5 of a posterior sd), and :func:`workers.conflict.laplace` returns it with
+    the Hessian of the L-BFGS path; an AR(1) with unknown noise (semi-conjugate) has none."""
+    from scipy.optimize import minimize
+
+    from models import make_family
+
+    name, params, x, y = CLOSED_FORM_CASES[case]
+    family = make_family(name, params)
+    xv, yv = family.validate(x, y)
+    one = conflict.one_block(family, xv, yv, torch.device("cpu"))
+    mode = conflict.closed_form_mode(one)
+    assert mode is not None
+
+    def negative(t: np.ndarray) -> float:
+        v = torch.as_tensor(t, dtype=torch.float64)[None, None]
+        return -float((one.family.log_prior(v) + one.family.log_likelihood(v, one.x, one.y).sum(-1))[0, 0])
+
+    start = family.sample_prior(torch.Generator().manual_seed(1), 1000, torch.float64, torch.device("cpu")).mean(0)
+    ref = minimize(negative, start.numpy(), method="BFGS", options={"gtol": 1e-10, "maxiter": 10_000})
+    lap = conflict.laplace(one, start)
+    assert lap is not None and torch.equal(lap.mode, mode)
+    sd = lap.scale_tril.pow(2).sum(1).sqrt()
+    assert ((mode - torch.as_tensor(ref.x)).abs() / sd).max() < 1e-5, (mode, ref.x)
+    assert -negative(mode.numpy()) >= -ref.fun - 1e-9 * abs(ref.fun)
+    ar1 = make_family("autoregressive", {"order": 1})
+    ax, ay, _ = ar1.prepare(None, torch.arange(1.0, 7.0, dtype=torch.float64), None)
+    assert conflict.closed_form_mode(conflict.one_block(ar1, ax, ay, torch.device("cpu"))) is None
