@@ -121,6 +121,74 @@ def unknown_noise_gradient_from_statistics(theta: torch.Tensor, T: torch.Tensor)
     return torch.cat([(c - lin_a) * iv + q - bmm(lin, P), 0.5 * (rss * iv - n)], dim=-1)
 
 
+#: The profile grid of :func:`unknown_noise_mode_from_statistics`: ``u = log σ²`` from ``log(yy/n) − PROFILE_BELOW`` to
+#: ``log(yy/n) + PROFILE_ABOVE`` in steps of ``PROFILE_STEP`` (``yy`` holds the prior's ``2·scale``, so the mode's
+#: ``σ̂² = rss/n`` is at least ``2·scale/n``: 50 nats below covers data up to ``e^{25}`` times the prior scale).
+PROFILE_BELOW, PROFILE_ABOVE, PROFILE_STEP = 50.0, 5.0, 0.25
+#: Regula falsi steps of :func:`unknown_noise_mode_from_statistics` at most (it converges superlinearly: ~10).
+PROFILE_ITERATIONS = 60
+
+
+def _split_unknown_noise(T: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(A: [K, D, D], c: [K, D], yy: [K, 1], n: [K, 1], P: [K, D, D], q: [K, D])`` of ``T: [K, 2D² + 2D + 2]``."""
+    K = T.shape[0]
+    D = int(round((math.sqrt(2 * T.shape[1] - 3) - 1) / 2))
+    DD = D * D
+    A, c = T[:, :DD].reshape(K, D, D), T[:, DD : DD + D]
+    yy, n = T[:, DD + D : DD + D + 1], T[:, DD + D + 1 : DD + D + 2]
+    return A, c, yy, n, T[:, DD + D + 2 : 2 * DD + D + 2].reshape(K, D, D), T[:, 2 * DD + D + 2 :]
+
+
+def unknown_noise_mode_from_statistics(T: torch.Tensor) -> torch.Tensor | None:
+    """``[θ̂, û]: [K, D + 1]``, the maximum of ``f(θ, u) = −½nu − ½e^{−u}(yy − 2θ·c + θᵀAθ) − ½θᵀPθ + θ·q``, the log
+    target (up to a constant) whose gradient is :func:`unknown_noise_gradient_from_statistics`, for ``T`` holding the
+    data's statistics and the prior's pseudo-statistics; None where it is not found.
+
+    For a fixed ``u`` the coefficients' maximum is ``θ*(u) = (e^{−u}A + P)⁻¹(e^{−u}c + q)`` (a Gaussian in ``θ``), so
+    ``(θ̂, û)`` maximises the profile ``F(u) = f(θ*(u), u)``, one-dimensional, with ``F′(u) = ½(e^{−u}rss(θ*(u)) − n)``
+    (the envelope theorem).  A semi-conjugate prior (coefficients independent of σ²) can give ``F`` two local
+    maxima: the higher is taken on a grid of ``u`` (:data:`PROFILE_STEP`), then bisection on ``F′`` within the
+    neighbouring grid points brackets it to ``1e-12``.  None when the grid's best point is at its edge or ``F′`` does
+    not change sign around it."""
+    A, c, yy, n, P, q = _split_unknown_noise(T)
+    centre = torch.log(yy / n)  # [K, 1]
+    grid = centre + torch.arange(-PROFILE_BELOW, PROFILE_ABOVE + PROFILE_STEP / 2, PROFILE_STEP, dtype=T.dtype)
+
+    def coefficients(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # u: [K, G] -> θ*: [K, G, D], rss [K, G]
+        iv = torch.exp(-u)[..., None]
+        theta = torch.linalg.solve(iv[..., None] * A[:, None] + P[:, None], iv * c[:, None] + q[:, None])
+        rss = yy - 2.0 * (theta * c[:, None]).sum(-1) + (theta * bmm(theta, A)).sum(-1)
+        return theta, rss
+
+    theta, rss = coefficients(grid)
+    profile = -0.5 * n * grid - 0.5 * torch.exp(-grid) * rss - 0.5 * (theta * bmm(theta, P)).sum(-1)
+    profile = profile + (theta * q[:, None]).sum(-1)
+    best = torch.nan_to_num(profile, nan=-math.inf).argmax(-1)  # [K]
+    if bool(((best == 0) | (best == grid.shape[1] - 1)).any()):
+        return None
+    lo, hi = grid.gather(1, best[:, None] - 1), grid.gather(1, best[:, None] + 1)
+
+    def slope(u: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (torch.exp(-u) * coefficients(u)[1] - n)
+
+    s_lo, s_hi = slope(lo), slope(hi)
+    if not bool(((s_lo > 0) & (s_hi < 0)).all()):
+        return None
+    u, last = lo, torch.zeros_like(lo)
+    for _ in range(PROFILE_ITERATIONS):  # regula falsi on F′ inside the bracket, the Illinois variant
+        u = (lo * s_hi - hi * s_lo) / (s_hi - s_lo)
+        s_u = slope(u)
+        if bool(((s_u.abs() <= 1e-12 * n) | (hi - lo <= 1e-13 * u.abs().clamp_min(1.0))).all()):
+            break
+        up = s_u > 0  # u replaces lo; an end kept twice in a row has its slope halved
+        s_hi = torch.where(up & (last > 0), 0.5 * s_hi, s_hi)
+        s_lo = torch.where(~up & (last < 0), 0.5 * s_lo, s_lo)
+        lo, s_lo = torch.where(up, u, lo), torch.where(up, s_u, s_lo)
+        hi, s_hi = torch.where(up, hi, u), torch.where(up, s_hi, s_u)
+        last = torch.where(up, 1.0, -1.0)
+    return torch.cat([coefficients(u)[0][:, 0], u], dim=-1)
+
+
 def linear_gaussian_statistics(
     x: torch.Tensor, y: torch.Tensor | None, variance: torch.Tensor
 ) -> tuple[torch.Tensor, Any]:
@@ -167,6 +235,10 @@ class LinearGaussianStatistics:
 
     def stacked_grad_from_statistics(self, theta, T):
         return unknown_noise_gradient_from_statistics(theta, T)
+
+    def stacked_mode_from_statistics(self, T):
+        """Unknown noise: :func:`unknown_noise_mode_from_statistics` (the profile over ``log σ²``)."""
+        return unknown_noise_mode_from_statistics(T)
 
     def stacked_gradient_statistics(self, x, y, hp):
         return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)

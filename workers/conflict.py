@@ -120,35 +120,63 @@ def one_block(family: Family, x: torch.Tensor | None, y: torch.Tensor, device: t
 
 
 def laplace(block: OneBlock, theta0: torch.Tensor, *, iterations: int = 500) -> Laplace | None:
-    """Mode of the block's log target, and the Cholesky factor of ``H⁻¹`` (``H`` the negative Hessian there).
+    """Mode of the block's log target by L-BFGS (strong Wolfe line search) from ``theta0: [D]``, and the Cholesky
+    factor of ``H⁻¹`` (``H`` the negative Hessian there, :func:`_laplace_at`).
 
-    The mode: in closed form where the family has one (:func:`closed_form_mode`: conjugate posteriors), else by
-    L-BFGS (strong Wolfe line search) from ``theta0: [D]``.  The target and its gradient are the sampler's own lean
-    stacked evaluations (``models.stack``, closed-form gradients where the family has them); ``H`` is the central
-    difference of the gradient with step ``HESSIAN_STEP·max(1, |θ̂_d|)`` in each coordinate (2D gradients in one
-    call; relative error ~1e-8 in float64, immaterial for a proposal whose errors the importance weights correct).
-    Deterministic (no random draws).  Returns None when the optimisation or the Hessian is not finite or
-    ``H`` is not positive definite, or ``D`` > :data:`FULL_HESSIAN_DIM` (the caller then keeps the prior start).
+    The target and its gradient are the sampler's own lean stacked evaluations (``models.stack``, closed-form
+    gradients where the family has them).  Deterministic (no random draws).  Returns None when the optimisation or
+    the Hessian is not finite or ``H`` is not positive definite, or ``D`` > :data:`FULL_HESSIAN_DIM` (the caller
+    then keeps the prior start).
     """
-    D = theta0.shape[0]
-    if D > FULL_HESSIAN_DIM:
+    if theta0.shape[0] > FULL_HESSIAN_DIM:
         return None
-    one, fam_x, fam_y = block
-    lam = torch.ones(1, dtype=torch.float64, device=theta0.device)
+    gradient = _gradient(block)
+    mode = _lbfgs_mode(block, gradient, theta0, iterations)
+    if mode is None or not torch.isfinite(mode).all():
+        return None
+    with torch.no_grad():
+        return _laplace_at(gradient, mode)
 
-    def gradient(t: torch.Tensor) -> torch.Tensor:  # [P, D] -> [P, D]
-        return one.grad_log_target(t[None], fam_x, fam_y, lam)[0]
 
+def closed_form_laplace(block: OneBlock) -> Laplace | None:
+    """:func:`laplace` at the block posterior's mode in closed form (:func:`closed_form_mode`), where the family has
+    one and the gradient there is within :data:`CLOSED_FORM_OFFSET` posterior sds of zero; else None."""
     with torch.no_grad():
         mode = closed_form_mode(block)
-        fit = _curvature(gradient, mode, check=True) if mode is not None else None
-    if fit is None:  # no closed form, or it failed its check: the optimiser
-        mode = _lbfgs_mode(block, gradient, theta0, iterations)
-        with torch.no_grad():
-            fit = _curvature(gradient, mode) if mode is not None and torch.isfinite(mode).all() else None
-    if fit is None:
+        if mode is None or mode.shape[0] > FULL_HESSIAN_DIM or not torch.isfinite(mode).all():
+            return None
+        return _laplace_at(_gradient(block), mode, check=True)
+
+
+def _gradient(block: OneBlock) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``∇ log target``: ``[P, D] -> [P, D]`` of the block (prior plus every row, λ = 1)."""
+    one, x, y = block
+    lam = torch.ones(1, dtype=torch.float64, device=y.device)
+
+    def gradient(t: torch.Tensor) -> torch.Tensor:
+        return one.grad_log_target(t[None], x, y, lam)[0]
+
+    return gradient
+
+
+def _laplace_at(
+    gradient: Callable[[torch.Tensor], torch.Tensor], mode: torch.Tensor, *, check: bool = False
+) -> Laplace | None:
+    """:class:`Laplace` at ``mode: [D]``: ``H`` the central difference of the gradient with step
+    ``HESSIAN_STEP·max(1, |θ̂_d|)`` in each coordinate (one call at ``2D + 1`` points, the mode's own gradient last;
+    relative error ~1e-8 in float64, immaterial for a proposal whose errors the importance weights correct),
+    symmetrised.  None when ``H`` is not finite or not positive definite, or with ``check`` when the gradient at
+    ``mode`` is more than :data:`CLOSED_FORM_OFFSET` posterior sds (``|∂_d f| / √H_dd``) from zero somewhere."""
+    D = mode.shape[0]
+    h = HESSIAN_STEP * mode.abs().clamp_min(1.0)
+    eye = torch.diag(h)
+    g = gradient(torch.cat([mode + eye, mode - eye, mode[None]]))  # [2D + 1, D]
+    H = -(g[:D] - g[D : 2 * D]) / (2 * h[:, None])  # row d: −∂_d ∇ log target
+    H = 0.5 * (H + H.T)
+    if not (torch.isfinite(H).all() and torch.isfinite(g[-1]).all()):
         return None
-    H, mode = fit[0], fit[1]
+    if check and not bool((g[-1].abs() <= CLOSED_FORM_OFFSET * H.diagonal().clamp_min(0.0).sqrt()).all()):
+        return None
     try:
         L = torch.linalg.cholesky(H)
     except RuntimeError:
@@ -187,26 +215,6 @@ def closed_form_mode(block: OneBlock) -> torch.Tensor | None:
     return None
 
 
-def _curvature(
-    gradient: Callable[[torch.Tensor], torch.Tensor], mode: torch.Tensor, *, check: bool = False
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(H: [D, D], mode)``: the negative Hessian of the log target at ``mode: [D]`` by central differences of
-    ``gradient`` (one call at ``2D + 1`` points, the mode's own gradient last), symmetrised; None when it is not
-    finite, or with ``check`` when the gradient at ``mode`` is more than :data:`CLOSED_FORM_OFFSET` posterior sds
-    (``|∂_d f| / √H_dd``) from zero in some coordinate."""
-    D = mode.shape[0]
-    h = HESSIAN_STEP * mode.abs().clamp_min(1.0)
-    eye = torch.diag(h)
-    g = gradient(torch.cat([mode + eye, mode - eye, mode[None]]))  # [2D + 1, D]
-    H = -(g[:D] - g[D : 2 * D]) / (2 * h[:, None])  # row d: −∂_d ∇ log target
-    H = 0.5 * (H + H.T)
-    if not (torch.isfinite(H).all() and torch.isfinite(g[-1]).all()):
-        return None
-    if check and not bool((g[-1].abs() <= CLOSED_FORM_OFFSET * H.diagonal().clamp_min(0.0).sqrt()).all()):
-        return None
-    return H, mode
-
-
 def _lbfgs_mode(
     block: OneBlock, gradient: Callable[[torch.Tensor], torch.Tensor], theta0: torch.Tensor, iterations: int
 ) -> torch.Tensor | None:
@@ -237,11 +245,15 @@ def _lbfgs_mode(
 def best_laplace(
     block: OneBlock, prior_draws: torch.Tensor, log_target: torch.Tensor, *, unimodal: bool = False
 ) -> Laplace | None:
-    """:func:`laplace` from each of the ``LAPLACE_STARTS`` prior draws ``prior_draws: [M, D]`` with the highest
+    """:func:`closed_form_laplace` where the family has a closed-form mode; else :func:`laplace` from each of the
+    ``LAPLACE_STARTS`` prior draws ``prior_draws: [M, D]`` with the highest
     ``log_target: [M]`` (distinct draws, best first); the fit whose mode has the highest log target, or None when
     none could be formed.  One start found a poor local mode of bench/reference.py's 5-component gmm (seed 5, the
     first block 208 nats low with status ``ok``, every later block trapped there).  ``unimodal``: the target has
     one mode (:attr:`models.base.Family.unimodal`), so the first fit that succeeds is it."""
+    closed = closed_form_laplace(block)
+    if closed is not None:  # the block posterior's one maximum
+        return closed
     order = torch.argsort(log_target, descending=True)[:LAPLACE_STARTS].tolist()
     one = block.family
     best, best_lt = None, -math.inf

@@ -379,15 +379,13 @@ UNIMODAL_CASES = {  # family, params, a block that conflicts with the prior: (x 
 
 
 @pytest.mark.parametrize("case", list(UNIMODAL_CASES))
-def test_families_claiming_one_mode_reach_it_from_every_start(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_families_claiming_one_mode_reach_it_from_every_start(case: str) -> None:
     """A family with ``unimodal`` stops at its first Laplace fit (workers.conflict.best_laplace).  The claim is
-    checked where a second mode would show: a block far from the prior, fitted by L-BFGS (closed-form modes off)
-    from each of the 16 best prior draws; every fit that succeeds must reach the first one's mode (to 1e-4 of a
-    posterior sd).  The AR(1) with unknown noise is not claimed (semi-conjugate prior) and keeps four starts."""
+    checked where a second mode would show: a block far from the prior, fitted by L-BFGS (:func:`laplace`) from each
+    of the 16 best prior draws; every fit that succeeds must reach the first one's mode (to 1e-4 of a posterior sd).
+    The AR(1) with unknown noise is not claimed (semi-conjugate prior) and keeps four starts."""
     from models import make_family
     from models.base import Family
-
-    monkeypatch.setattr(conflict, "closed_form_mode", lambda block: None)
 
     name, params, block = UNIMODAL_CASES[case]
     family: Family = make_family(name, params)
@@ -409,7 +407,7 @@ def test_families_claiming_one_mode_reach_it_from_every_start(case: str, monkeyp
         assert ((f.mode - fits[0].mode).abs() / sd).max() < 1e-4
 
 
-CLOSED_FORM_CASES = {  # family, params, (x | None, y) of a block
+CLOSED_FORM_CASES = {  # family, params, raw (x | None, y) of a block
     "gmm, d = 1, data near 300": ("gmm", {"dim": 1, "components": 1, "variance_shape": 3.0}, None, [310.0, 290.0]),
     "gmm, d = 2, one row": ("gmm", {"dim": 2, "components": 1, "mean_scale": 4.0}, None, [[0.7, -1.2]]),
     "linear regression, known noise": (
@@ -418,15 +416,28 @@ CLOSED_FORM_CASES = {  # family, params, (x | None, y) of a block
         [[1.0, 2.0], [-0.5, 0.3], [2.0, -1.0], [0.1, 0.1]],
         [30.0, 9.0, 12.0, 10.0],
     ),
+    "linear regression, unknown noise": (
+        "linear_regression",
+        {"features": 2, "noise_std": None},
+        [[1.0, 2.0], [-0.5, 0.3], [2.0, -1.0], [0.1, 0.1], [1.5, 0.2]],
+        [30.0, 9.0, 12.0, 10.0, 21.0],
+    ),
+    "AR(1), unknown noise, raw Nile flows": (
+        "autoregressive",
+        {"order": 1},
+        None,
+        [1120.0, 1160, 963, 1210, 1160, 1160],
+    ),
+    "AR(2), unknown noise, a random walk": ("autoregressive", {"order": 2}, None, [0.3, 1.1, 0.4, 1.9, 2.2, 1.4, 2.9]),
 }
 
 
 @pytest.mark.parametrize("case", list(CLOSED_FORM_CASES))
 def test_a_closed_form_mode_is_the_maximum_found_by_a_reference_optimiser(case: str) -> None:
     """:func:`workers.conflict.closed_form_mode` (a one-component gmm's normal–inverse-gamma mode; a quadratic
-    family's ``(A0 + A)⁻¹(c0 + c)``) is the maximum of the block's log target that scipy's BFGS finds from the prior
-    mean on the same log density (to 1e-5 of a posterior sd), and :func:`workers.conflict.laplace` returns it with
-    the Hessian of the L-BFGS path; an AR(1) with unknown noise (semi-conjugate) has none."""
+    family's ``(A0 + A)⁻¹(c0 + c)``; a linear-Gaussian family with unknown noise by its profile over ``log σ²``) is
+    the maximum of the block's log target that scipy's BFGS finds from the prior mean on the same log density (to
+    1e-5 of a posterior sd), and :func:`workers.conflict.best_laplace` returns it, whatever the starts it is given."""
     from scipy.optimize import minimize
 
     from models import make_family
@@ -434,6 +445,7 @@ def test_a_closed_form_mode_is_the_maximum_found_by_a_reference_optimiser(case: 
     name, params, x, y = CLOSED_FORM_CASES[case]
     family = make_family(name, params)
     xv, yv = family.validate(x, y)
+    xv, yv, _ = family.prepare(xv, yv, None)
     one = conflict.one_block(family, xv, yv, torch.device("cpu"))
     mode = conflict.closed_form_mode(one)
     assert mode is not None
@@ -442,13 +454,19 @@ def test_a_closed_form_mode_is_the_maximum_found_by_a_reference_optimiser(case: 
         v = torch.as_tensor(t, dtype=torch.float64)[None, None]
         return -float((one.family.log_prior(v) + one.family.log_likelihood(v, one.x, one.y).sum(-1))[0, 0])
 
-    start = family.sample_prior(torch.Generator().manual_seed(1), 1000, torch.float64, torch.device("cpu")).mean(0)
-    ref = minimize(negative, start.numpy(), method="BFGS", options={"gtol": 1e-10, "maxiter": 10_000})
-    lap = conflict.laplace(one, start)
+    draws = family.sample_prior(torch.Generator().manual_seed(1), 1000, torch.float64, torch.device("cpu"))
+    ref = minimize(negative, draws.mean(0).numpy(), method="BFGS", options={"gtol": 1e-10, "maxiter": 10_000})
+    lap = conflict.best_laplace(one, draws[:4], torch.zeros(4, dtype=torch.float64))
     assert lap is not None and torch.equal(lap.mode, mode)
     sd = lap.scale_tril.pow(2).sum(1).sqrt()
     assert ((mode - torch.as_tensor(ref.x)).abs() / sd).max() < 1e-5, (mode, ref.x)
     assert -negative(mode.numpy()) >= -ref.fun - 1e-9 * abs(ref.fun)
-    ar1 = make_family("autoregressive", {"order": 1})
-    ax, ay, _ = ar1.prepare(None, torch.arange(1.0, 7.0, dtype=torch.float64), None)
-    assert conflict.closed_form_mode(conflict.one_block(ar1, ax, ay, torch.device("cpu"))) is None
+
+
+def test_a_family_without_a_closed_form_mode_is_fitted_by_lbfgs() -> None:
+    """A two-component gmm has no closed-form mode: :func:`workers.conflict.best_laplace` fits it from its starts."""
+    from models import make_family
+
+    family = make_family("gmm", {"dim": 1, "components": 2})
+    one = conflict.one_block(family, None, torch.tensor([300.0, 310.0, 5.0], dtype=torch.float64), torch.device("cpu"))
+    assert conflict.closed_form_mode(one) is None and conflict.closed_form_laplace(one) is None
