@@ -50,7 +50,7 @@ from workers import changepoint as cp
 from workers.engine import ModelEngine
 from workers.history import History
 from workers.settings import SamplerSettings
-from workers.stacking import advance_stack
+from workers.stacking import absorb_context, advance_stack
 from workers.state import BlockInfo
 
 FORMAT = 1
@@ -756,7 +756,7 @@ class SegmentedEngine:
         ctx = self._context_rows(self.context, xb[:k] if xb is not None else None, yb[:k])
         if ctx:  # the conditioned-on values before `start` (autoregressive): no likelihood rows
             cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
-            eng.update(cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64), validated=True)
+            absorb_context(eng, cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64))
         return Challenger(start, start - len(ctx), base, seed, eng, 0, bases, base_var, base_vars)
 
     def _split_level(self) -> float | None:

@@ -205,8 +205,7 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
         x = x.to(dtype=dtype, device=device) if x is not None else None
         xr, yr, context = m.family.prepare(x, y.to(dtype=dtype, device=device), st.context)
         if yr.shape[0] == 0:  # every value went into the conditioning context
-            m.state = st._replace(context=context, blocks=st.blocks + 1)
-            m.observations += y.shape[0]
+            _take_context(m, st, context, y.shape[0])
             out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, st.ess, False, False,
                                log_evidence_se=st.log_evidence_se)  # fmt: skip
             continue
@@ -222,6 +221,28 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
         for p, info in zip(group, _run_stack(group, heartbeat), strict=True):
             out[p.slot] = info
     return out
+
+
+def _take_context(m: Model, st: SGAISState, context: torch.Tensor | None, values: int) -> None:
+    """A block whose ``values`` all went into the conditioning ``context`` (no likelihood rows): the state keeps
+    them and counts the block."""
+    m.state = st._replace(context=context, blocks=st.blocks + 1)
+    m.observations += values
+
+
+def absorb_context(m: Model, x: torch.Tensor | None, y: torch.Tensor) -> None:
+    """What :func:`advance_stack` does with a block of validated values that all go into ``m``'s conditioning
+    context (an autoregressive model's first ``order`` values), without the stacking round: a challenger started
+    after the stream's first values takes the values before its start this way (:mod:`workers.segmented`).
+
+    Raises ValueError when some of the values would be likelihood rows."""
+    st, s = m.state, m.settings
+    assert st is not None
+    x = x.to(dtype=s.torch_dtype, device=s.torch_device) if x is not None else None
+    _, yr, context = m.family.prepare(x, y.to(dtype=s.torch_dtype, device=s.torch_device), st.context)
+    if yr.shape[0]:
+        raise ValueError(f"{yr.shape[0]} of the {y.shape[0]} values are likelihood rows, not context")
+    _take_context(m, st, context, y.shape[0])
 
 
 def _first_block(st: SGAISState) -> bool:
