@@ -131,9 +131,10 @@ def init_state(generator: torch.Generator, family: Family, settings: SamplerSett
     dtype, device = settings.torch_dtype, settings.torch_device
     st = sgais.init([generator], [family], settings.initial_particles, dtype, device)
     history = History(capacity=settings.history_capacity, seed=settings.seed, dtype=dtype, device=device)
+    log_w = st.log_w[0]  # its summary computed now, once: a fresh state is read several times before its first block
     return SGAISState(
-        st.theta[0], st.log_w[0], st.velocity[0], st.anchor[0], st.anchor_grad[0], 0, st.posterior_var[0],
-        history, None, 0, evidence_var=st.evidence_var[0],
+        st.theta[0], log_w, st.velocity[0], st.anchor[0], st.anchor_grad[0], 0, st.posterior_var[0],
+        history, None, 0, evidence_var=st.evidence_var[0], summary=summaries(st.log_w, [log_w])[0],
     )  # fmt: skip
 
 
