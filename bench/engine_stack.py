@@ -4,7 +4,9 @@ gmm models (many_models' priors and seeds, change-point challengers on) absorb t
 chunk, with the worker's garbage-collector settings (:func:`workers.runner.quiet_gc`).  Prints CPU milliseconds
 per model-block (``time.process_time``: less sensitive to other tenants than wall time, still not immune), SGHMC
 model-steps computed against those the models needed (a stack runs its longest model's steps; models that
-finished early are masked), and Laplace fits (``workers.conflict.laplace`` calls).
+finished early are masked), and defensive Laplace fits (``workers.conflict.best_laplace`` calls, each one
+population's first block) with how many of them ran L-BFGS (``workers.conflict.laplace`` calls: the families without a
+closed-form mode, four starts each where the family is not unimodal).
 
 ``--baseline DIR`` runs the same workload from another checkout (e.g. ``git worktree add /tmp/base <commit>``)
 in a subprocess, alternating with this one ``--repeats`` times, and prints the ratio per repeat.
@@ -45,8 +47,8 @@ def run(models: int, chunks: int) -> dict:
         pass
     else:
         quiet_gc()
-    counts = {"computed": 0, "needed": 0, "laplace": 0}
-    steps, fit = sgais._sghmc_steps, conflict.laplace
+    counts = {"computed": 0, "needed": 0, "laplace": 0, "lbfgs": 0}
+    steps, fit, best = sgais._sghmc_steps, conflict.laplace, conflict.best_laplace
 
     def counted_steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, c):
         counts["computed"] += max(c, default=0) * len(c)
@@ -54,10 +56,14 @@ def run(models: int, chunks: int) -> dict:
         return steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, c)
 
     def counted_fit(*a, **k):
-        counts["laplace"] += 1
+        counts["lbfgs"] += 1
         return fit(*a, **k)
 
-    sgais._sghmc_steps, conflict.laplace = counted_steps, counted_fit
+    def counted_best(*a, **k):
+        counts["laplace"] += 1
+        return best(*a, **k)
+
+    sgais._sghmc_steps, conflict.laplace, conflict.best_laplace = counted_steps, counted_fit, counted_best
     engines = []
     for i in range(models):
         body = gmm_model(i)
@@ -99,7 +105,8 @@ def main() -> None:
         for root, x in zip(roots, res, strict=True):
             print(
                 f"repeat {r} {root}: {x['cpu_ms']:.3f} CPU ms per model-block (wall {x['wall_ms']:.3f}); SGHMC "
-                f"model-steps computed {x['computed']:,} for {x['needed']:,} needed; Laplace fits {x['laplace']}"
+                f"model-steps computed {x['computed']:,} for {x['needed']:,} needed; Laplace fits {x['laplace']} "
+                f"(L-BFGS runs {x.get('lbfgs', '?')})"
             )
         if a.baseline:
             ratios.append(res[1]["cpu_ms"] / res[0]["cpu_ms"])
