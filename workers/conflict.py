@@ -12,7 +12,8 @@ out thousands of nats low with a healthy-looking ESS (measured: ``bench/conflict
 ``CLEAR_ESS`` prior draws (likelihood-weighted ESS) already sit where the block's likelihood is (then
 annealing from the prior reaches the posterior and no fit is needed: the common case, e.g. every fresh
 change-point challenger on unit-scale data), the block's log target ``log p(θ) + Σ_{y∈C} log p(y|θ)`` is
-maximised (L-BFGS from the best prior draw, deterministic) and its Hessian ``H`` taken at the mode ``θ̂``
+maximised (in closed form where the family's posterior has one, :func:`closed_form_mode`; else L-BFGS from
+the best prior draws, deterministic) and its Hessian ``H`` taken at the mode ``θ̂``
 (Tierney & Kadane 1986, the Laplace approximation ``N(θ̂, H⁻¹)``). The data conflict with the prior when the
 mode lies far outside the prior draws: ``max_d |θ̂_d − median_d| / (1.4826·MAD_d) > CONFLICT_Z`` (a robust
 version of the prior-predictive location check of Evans & Moshonov 2006, §3; 1.4826·MAD is the
