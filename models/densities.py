@@ -147,8 +147,9 @@ def unknown_noise_mode_from_statistics(T: torch.Tensor) -> torch.Tensor | None:
     For a fixed ``u`` the coefficients' maximum is ``θ*(u) = (e^{−u}A + P)⁻¹(e^{−u}c + q)`` (a Gaussian in ``θ``), so
     ``(θ̂, û)`` maximises the profile ``F(u) = f(θ*(u), u)``, one-dimensional, with ``F′(u) = ½(e^{−u}rss(θ*(u)) − n)``
     (the envelope theorem).  A semi-conjugate prior (coefficients independent of σ²) can give ``F`` two local
-    maxima: the higher is taken on a grid of ``u`` (:data:`PROFILE_STEP`), then bisection on ``F′`` within the
-    neighbouring grid points brackets it to ``1e-12``.  None when the grid's best point is at its edge or ``F′`` does
+    maxima: the higher is taken on a grid of ``u`` (:data:`PROFILE_STEP`), then regula falsi on ``F′`` within the
+    neighbouring grid points.  Grid points where ``e^{−u}A + P`` is singular (``σ² → 0`` with fewer
+    distinct rows than coefficients) are left out.  None when the grid's best point is at its edge or ``F′`` does
     not change sign around it."""
     A, c, yy, n, P, q = _split_unknown_noise(T)
     centre = torch.log(yy / n)  # [K, 1]
@@ -156,9 +157,9 @@ def unknown_noise_mode_from_statistics(T: torch.Tensor) -> torch.Tensor | None:
 
     def coefficients(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # u: [K, G] -> θ*: [K, G, D], rss [K, G]
         iv = torch.exp(-u)[..., None]
-        theta = torch.linalg.solve(iv[..., None] * A[:, None] + P[:, None], iv * c[:, None] + q[:, None])
+        theta, info = torch.linalg.solve_ex(iv[..., None] * A[:, None] + P[:, None], iv * c[:, None] + q[:, None])
         rss = yy - 2.0 * (theta * c[:, None]).sum(-1) + (theta * bmm(theta, A)).sum(-1)
-        return theta, rss
+        return theta, torch.where(info == 0, rss, math.nan)  # singular where σ² → 0 leaves a rank-deficient ZᵀZ
 
     theta, rss = coefficients(grid)
     profile = -0.5 * n * grid - 0.5 * torch.exp(-grid) * rss - 0.5 * (theta * bmm(theta, P)).sum(-1)
@@ -172,7 +173,7 @@ def unknown_noise_mode_from_statistics(T: torch.Tensor) -> torch.Tensor | None:
         return 0.5 * (torch.exp(-u) * coefficients(u)[1] - n)
 
     s_lo, s_hi = slope(lo), slope(hi)
-    if not bool(((s_lo > 0) & (s_hi < 0)).all()):
+    if not bool(((s_lo > 0) & (s_hi < 0)).all()):  # False where NaN (a singular system)
         return None
     u, last = lo, torch.zeros_like(lo)
     for _ in range(PROFILE_ITERATIONS):  # regula falsi on F′ inside the bracket, the Illinois variant

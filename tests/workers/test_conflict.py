@@ -470,3 +470,21 @@ def test_a_family_without_a_closed_form_mode_is_fitted_by_lbfgs() -> None:
     family = make_family("gmm", {"dim": 1, "components": 2})
     one = conflict.one_block(family, None, torch.tensor([300.0, 310.0, 5.0], dtype=torch.float64), torch.device("cpu"))
     assert conflict.closed_form_mode(one) is None and conflict.closed_form_laplace(one) is None
+
+
+def test_the_profile_mode_survives_a_rank_deficient_block() -> None:
+    """A block whose lagged values are nearly constant (an AR(1) on a flat stretch of a river series, standardised)
+    makes ``e^{−u}ZᵀZ + P`` singular in float64 where ``σ² → 0``: those grid points are left out, the mode is still
+    found, and the gradient vanishes there (it raised ``torch.linalg.LinAlgError`` in ``bench/changepoints.py``)."""
+    from models.densities import unknown_noise_gradient_from_statistics, unknown_noise_mode_from_statistics
+
+    # the statistics (ZᵀZ, Zᵀy, yᵀy, n, P, q) of the block that raised, AR(1) on BrentSpotPrice
+    T = torch.tensor(
+        [1.9152921485299115, -3.0945857142192, -3.0945857142192, 5.0, 1.8706347164735868, -3.022431577639415]
+        + [3.831183503842836, 7.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0],
+        dtype=torch.float64,
+    )
+    mode = unknown_noise_mode_from_statistics(T[None])
+    assert mode is not None
+    grad = unknown_noise_gradient_from_statistics(mode[:, None], T[None])
+    assert grad.abs().max() < 1e-8
