@@ -141,9 +141,13 @@ def laplace(block: OneBlock, theta0: torch.Tensor, *, iterations: int = 500) -> 
 
 def closed_form_laplace(block: OneBlock) -> Laplace | None:
     """:func:`laplace` at the block posterior's mode in closed form (:func:`closed_form_mode`), where the family has
-    one and the gradient there is within :data:`CLOSED_FORM_OFFSET` posterior sds of zero; else None."""
+    one and the gradient there is within :data:`CLOSED_FORM_OFFSET` posterior sds of zero; else None (also where
+    computing it raised: the caller's L-BFGS fit then stands in, as before closed forms)."""
     with torch.no_grad():
-        mode = closed_form_mode(block)
+        try:
+            mode = closed_form_mode(block)
+        except RuntimeError:  # e.g. torch.linalg.LinAlgError: no closed form here, the optimiser fits
+            return None
         if mode is None or mode.shape[0] > FULL_HESSIAN_DIM or not torch.isfinite(mode).all():
             return None
         return _laplace_at(_gradient(block), mode, check=True)
@@ -206,10 +210,7 @@ def closed_form_mode(block: OneBlock) -> torch.Tensor | None:
     if one.quadratic:
         A0, c0 = one.prior_statistics()
         A, c = one.gradient_statistics(x, y)
-        try:
-            return torch.linalg.solve(A0[0] + A[0], c0[0] + c[0])
-        except RuntimeError:
-            return None
+        return torch.linalg.solve(A0[0] + A[0], c0[0] + c[0])  # raises where singular (closed_form_laplace)
     if one.sufficient_statistics:
         mode = one.mode_from_statistics(one.prior_pseudo_statistics() + one.statistics(x, y))
         return mode[0] if mode is not None else None
