@@ -3,6 +3,7 @@ rows the worker commits (and the tests' reference traces are computed with)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,43 @@ def absorb_chunk(
         row.update(change_fields(engine))
         out.append(Block(info, row))
     return out
+
+
+def layout(family: Any) -> tuple[Any, ...]:
+    """What a family's ``validate`` reads besides the chunk: the family's class, its observation schema (the
+    ``y`` shape or label classes, the stream's ``x`` width) and the stream columns it keeps (``params.selected``
+    of the covariate families).  So two models of one layout read a stream entry as the same tensors, as every
+    family of ``models.FAMILIES`` validates (gmm: ``y: [B, dim]``; autoregressive: ``y: [B]``; linear and
+    logistic regression, bnn: ``x: [B, columns]`` then its selected columns, ``y`` by the schema's ``y``)."""
+    selected = getattr(family.params, "selected", None)
+    return (
+        type(family),
+        json.dumps(family.observation_schema(), sort_keys=True),
+        None if selected is None else tuple(selected),
+    )
+
+
+class RoundChunks:
+    """The stream entries of one round of the worker (``Worker.absorb_round``), decoded once per entry and
+    validated once per entry and :func:`layout`: the models of one stream share the tensors, where each decoded
+    and validated its own copy before (25 µs per model and chunk of a 1-D gmm, ``bench/many_models.py``).
+    Sharing holds because no engine writes its input in place (``tests/workers/test_shared_chunks.py``)."""
+
+    def __init__(self) -> None:
+        self._decoded: dict[tuple[str, bytes], tuple[Any, Any]] = {}
+        self._validated: dict[tuple[str, bytes, tuple[Any, ...]], tuple[Any, Any]] = {}
+
+    def get(self, log: str, entry_id: bytes, fields: dict[bytes, bytes], family: Any, kind: tuple[Any, ...]) -> Any:
+        """``(x: [B, d] | None, y: [B, ...])`` of entry ``entry_id`` (raw ``fields``) of stream log ``log`` as
+        ``family`` (of layout ``kind``) validates it.  A failure raises and is not kept (each model of the entry
+        fails with its own family's error)."""
+        got = self._validated.get((log, entry_id, kind))
+        if got is None:
+            raw = self._decoded.get((log, entry_id))
+            if raw is None:
+                raw = self._decoded[(log, entry_id)] = records.decode_chunk(fields)
+            got = self._validated[(log, entry_id, kind)] = family.validate(*raw)
+        return got
 
 
 def change_fields(engine: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from workers.segmented import SegmentedEngine
 from workers.store.commit import Scripts
 from workers.store.keys import Keys, model_ref, parse_model_ref
 from workers.store.scripts import RENEW_LUA
+from workers.worker.blocks import layout
 
 log = logging.getLogger("sgais.worker")
 
@@ -56,12 +57,22 @@ class Held:
     attempt_cursor: bytes | None = None
     budget: Budget | None = None
     _alerts: tuple[dict[str, Any], AlertSettings] | None = field(default=None, repr=False)
+    _layout: tuple[Any, tuple[Any, ...]] | None = field(default=None, repr=False)
 
     def alert_settings(self) -> AlertSettings:
         """``cfg["alerts"]`` validated once per config (a reload replaces ``cfg``, never edits it), not per chunk."""
         if self._alerts is None or self._alerts[0] is not self.cfg:
             self._alerts = (self.cfg, AlertSettings(**self.cfg.get("alerts", {})))
         return self._alerts[1]
+
+    def layout(self) -> tuple[Any, ...]:
+        """The engine's family's :func:`~workers.worker.blocks.layout`, computed once per family object (a restore
+        builds a new engine), not per chunk."""
+        assert self.engine is not None
+        family = self.engine.family
+        if self._layout is None or self._layout[0] is not family:
+            self._layout = (family, layout(family))
+        return self._layout[1]
 
     @property
     def stream(self) -> str:

@@ -33,7 +33,7 @@ from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
 from workers.store.keys import Keys
 from workers.worker import detect
-from workers.worker.blocks import Block, change_fields
+from workers.worker.blocks import Block, RoundChunks, change_fields
 from workers.worker.leases import Heartbeat, Held, Leases
 from workers.worker.metrics import ALERTS, BLOCK_SECONDS, LEASES, OBSERVATIONS
 from workers.worker.posterior import StreamPosteriors
@@ -314,11 +314,11 @@ class Worker(quarantine.QuarantineHooks):
         model-block).
         """
         work: list[_Chunk] = []
+        chunks = RoundChunks()  # each entry decoded once, validated once per layout, for all its models
         for h, (entry_id, fields) in batch:
             try:
                 assert h.engine is not None
-                x, y = records.decode_chunk(fields)
-                x, y = h.engine.family.validate(x, y)
+                x, y = chunks.get(self.keys.log(h.tenant, h.stream), entry_id, fields, h.engine.family, h.layout())
                 first, n, size = h.engine.observations, int(y.shape[0]), h.engine.settings.block_size
                 work.append(_Chunk(h, entry_id, fields, int(fields[b"seq"]), int(fields[b"first_index"]), x, y,
                                    block_bounds(first, n, size)))  # fmt: skip
