@@ -32,6 +32,7 @@ from workers.store.commit import Scripts
 from workers.store.keys import Keys, model_ref, parse_model_ref
 from workers.store.scripts import RENEW_LUA
 from workers.worker.blocks import layout
+from workers.worker.detect import WindowText
 
 log = logging.getLogger("sgais.worker")
 
@@ -49,6 +50,7 @@ class Held:
     chunks: int = 0
     unsaved: int = 0  # chunks committed since the checkpoint's state blob was stored (Worker.commit_call)
     detector: dict[str, Any] = field(default_factory=dict)
+    detector_text: WindowText = field(default_factory=WindowText, repr=False)  # detect.state_json's last window
     lost: bool = False  # set by the heartbeat when a renewal found the lease gone
     # quarantine (workers/quarantine.py): the attempt being made and the block budget
     fp: str = ""

@@ -487,7 +487,7 @@ class Worker(quarantine.QuarantineHooks):
             "observations": eng.observations,
             "log_evidence": repr(eng.log_evidence),
             "log_evidence_se": repr(eng.log_evidence_se),
-            "detector": json.dumps(h.detector),
+            "detector": detect.state_json(h.detector, h.detector_text),
             "last_block": blocks[-1] if rows else "",
             # the sampler could not certify its value (workers.conflict, the annealing guard): degraded + reason
             "status": "degraded" if getattr(eng, "degraded", None) else "ok",
