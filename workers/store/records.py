@@ -161,16 +161,19 @@ def common_count(states: dict[str, dict[str, Any]]) -> int:
     return min(counts) if counts else 0
 
 
-def model_state(cfg: dict[str, Any], observations: Any, status: Any, error: Any) -> dict[str, Any]:
+def model_state(
+    cfg: dict[str, Any], observations: Any, status: Any, error: Any, *, context: int | None = None
+) -> dict[str, Any]:
     """One model's part of the stream posterior from its config and checkpoint fields (bytes, str or None):
-    ``{"prior_probability", "context", "observations", "status", "error"}``; no checkpoint = ``pending``."""
+    ``{"prior_probability", "context", "observations", "status", "error"}``; no checkpoint = ``pending``.
+    ``context``: ``model_context(cfg)`` when the caller keeps it (a worker, per config), else computed here."""
 
     def text(v: Any) -> str:
         return v.decode() if isinstance(v, bytes) else (v or "")
 
     return {
         "prior_probability": cfg["prior_probability"],
-        "context": model_context(cfg),
+        "context": model_context(cfg) if context is None else context,
         "observations": int(observations) if observations is not None else 0,
         "status": (text(status) or "ok") if observations is not None else "pending",
         "error": text(error) or None,

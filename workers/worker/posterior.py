@@ -25,6 +25,8 @@ class StreamPosteriors:
         # commit asks for them, so a scan made a round of K models on one stream cost O(K²))
         self._configs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         self._known: dict[tuple[str, str], str] = {}  # the names of _configs[stream], comma-separated
+        # (tenant, model) -> (config, its comparison.model_context): 5 µs a model and posterior otherwise
+        self._contexts: dict[tuple[str, str], tuple[dict[str, Any], int]] = {}
 
     def known(self, h: Held) -> str:
         """Models of ``h``'s stream whose config is cached, comma-separated (the scripts skip reading their
@@ -41,6 +43,13 @@ class StreamPosteriors:
     def state(self, h: Held) -> StreamState | None:
         """The stream's state when its common count differs from the leader record's (else None)."""
         return self.scripts.stream_state(tenant=h.tenant, stream=h.stream, known=self.known(h))
+
+    def _context(self, tenant: str, model: str, cfg: dict[str, Any]) -> int:
+        """:func:`workers.comparison.model_context` of ``cfg``, computed once per config object."""
+        got = self._contexts.get((tenant, model))
+        if got is None or got[0] is not cfg:
+            got = self._contexts[(tenant, model)] = (cfg, comparison.model_context(cfg))
+        return got[1]
 
     def update(self, h: Held, state: StreamState | None, rows: list[dict[str, Any]]) -> None:
         """Store the stream posterior of ``state`` (leader record, ``posterior`` event, ``model_switch``
@@ -83,12 +92,13 @@ class StreamPosteriors:
         self._known.pop((t, h.stream), None)
         for m in [m for m in cached if m not in names]:
             del cached[m]
+            self._contexts.pop((t, m), None)
         states, rows_n = {}, {}
         for m, obs, status, raw_row, cfg in state.models:
             if cfg:
                 cached[m] = json.loads(cfg)
             conf = h.cfg if m == h.name else cached[m]
-            states[m] = records.model_state(conf, obs, status, None)
+            states[m] = records.model_state(conf, obs, status, None, context=self._context(t, m, conf))
             rows_n[m] = records.trace_row_at([raw_row], count) if raw_row else None
         for row in rows:
             if row["observations"] == count:
