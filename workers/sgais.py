@@ -323,15 +323,16 @@ def tempered_step(
         mean = (torch.logsumexp(log_w[rows], -1) - math.log(M))[:, None].expand(-1, M)
         log_w = log_w.index_copy(0, rows, mean.contiguous())
     burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
-    counts = burn.tolist()
-    if len(set(counts)) == 1 and counts[0] > 0:
+    moves = sorted(set(burn.tolist()) - {0})  # the burn-ins of the models that move
+    if len(moves) == 1 and bool((burn == moves[0]).all()):  # every model, the same number of steps
         theta, velocity = _move(
             block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
             variance=posterior_var, correlated=correlated,
         )  # fmt: skip
+        moves = []
     # the models that stay put do no arithmetic, and the others move in sub-stacks of one burn-in each: in one stack a
     # challenger's 10 moves would ride along, masked, for the main populations' 20 (workers.segmented)
-    for c in sorted(set(counts) - {0}) if len(set(counts)) > 1 else []:
+    for c in moves:
         rows = (burn == c).nonzero()[:, 0]
         th, v = _move(
             block.select(rows), theta[rows], velocity[rows], anchor[rows], anchor_grad[rows], lam=lam[rows],
