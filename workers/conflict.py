@@ -254,7 +254,7 @@ def best_laplace(
     first block 208 nats low with status ``ok``, every later block trapped there).  ``unimodal``: the target has
     one mode (:attr:`models.base.Family.unimodal`), so the first fit that succeeds is it."""
     closed = closed_form_laplace(block)
-    if closed is not None:  # the block posterior's one maximum
+    if closed is not None:  # the block posterior's (highest) maximum, closed_form_mode
         return closed
     order = torch.argsort(log_target, descending=True)[:LAPLACE_STARTS].tolist()
     one = block.family
