@@ -50,7 +50,7 @@ from workers import changepoint as cp
 from workers.engine import ModelEngine
 from workers.history import History
 from workers.settings import SamplerSettings
-from workers.stacking import absorb_context, advance_stack
+from workers.stacking import absorb_context, advance_stack, init_states
 from workers.state import BlockInfo
 
 FORMAT = 1
@@ -108,6 +108,7 @@ class _Step:
     alive: list[tuple[Challenger, Any]] = field(default_factory=list)  # live challengers and their states
     spawn: Challenger | None = None  # a challenger started in this block
     spawn_k: int = 0  # its first row in the block (it absorbs rows spawn_k..)
+    spawn_context: tuple[Any, Any] | None = None  # the values before its start it conditions on (x | None, y)
     tail_only: bool = False  # starts a challenger only if the block's rows from the split drop (_after_main)
     info: BlockInfo | None = None  # the main population's
     value: float = math.nan  # its per-observation log-predictive (nats)
@@ -223,19 +224,9 @@ def _advance_once(
             if states is not None:
                 due.append((k, st, states))
     due = _tails_checked(due, out)
-    spawns: list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]] = []
     located = _locate_each([(st.seg, states, st.xb, st.yb) for _, st, states in due])
     annealed = _annealed_prefixes([(st, where) for (_, st, _), where in zip(due, located, strict=True)])
-    for (k, st, _), where, prefix in zip(due, located, annealed, strict=True):
-        try:
-            if isinstance(where, Exception):
-                raise where
-            c = st.seg._spawn(st, where[0], where[1], where[3], prefix)
-        except Exception as err:
-            out[k] = err
-            continue
-        j = st.spawn_k
-        spawns.append((k, st, c.engine, (st.xb[j:] if st.xb is not None else None, st.yb[j:])))
+    spawns = _started(due, located, annealed, out)
     _stacked(spawns, out, heartbeat)
     for k, st in live:
         info = out[k]
@@ -250,6 +241,37 @@ def _advance_once(
                 out[k] = err
     assert all(v is not None for v in out)
     return out  # type: ignore[return-value]
+
+
+def _started(
+    due: list[tuple[int, _Step, list[Any]]], located: list[Any], annealed: list[Any], out: list[Any]
+) -> list[tuple[int, _Step, ModelEngine, tuple[Any, Any]]]:
+    """The challengers of ``due`` started where :func:`_locate` placed them (:meth:`SegmentedEngine._spawn`), their
+    prior populations drawn in one batch (:func:`workers.stacking.init_states`, each from its own generator: the
+    bits it gets alone): ``(engine k, step, challenger, the rows it absorbs)`` each.  An engine whose start fails
+    gets its exception in ``out``."""
+    new: list[tuple[int, _Step, ModelEngine]] = []
+    for (k, st, _), where, prefix in zip(due, located, annealed, strict=True):
+        try:
+            if isinstance(where, Exception):
+                raise where
+            new.append((k, st, st.seg._spawn(st, where[0], where[1], where[3], prefix).engine))
+        except Exception as err:
+            out[k] = err
+    spawns = []
+    for (k, st, eng), state in zip(
+        new, init_states([(e.generator, e.family, e.settings) for _, _, e in new]), strict=True
+    ):
+        try:
+            if isinstance(state, Exception):
+                raise state
+            st.seg._start_challenger(st, state)
+        except Exception as err:
+            out[k] = err
+            continue
+        j = st.spawn_k
+        spawns.append((k, st, eng, (st.xb[j:] if st.xb is not None else None, st.yb[j:])))
+    return spawns
 
 
 def _annealed_prefixes(requests: list[tuple[_Step, Any]]) -> list[tuple[float, float] | None]:
@@ -708,7 +730,10 @@ class SegmentedEngine:
         base, base_var, base_ess = main.log_evidence + prefix[0], main.log_evidence_var, ess[0]
         if annealed is not None:
             base, base_var = annealed
-        step.spawn = self._new_challenger(step.first + k, k, base, base_var, bases, base_vars, step.xb, step.yb)
+        step.spawn, ctx = self._new_challenger(step.first + k, k, base, base_var, bases, base_vars, step.xb, step.yb)
+        if ctx:
+            cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
+            step.spawn_context = (cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64))
         step.spawn.base_ess = base_ess
         step.spawn.bases_ess = {c.start: e for (c, _), e in zip(alive, ess[1:], strict=True)}
         return step.spawn
@@ -747,17 +772,25 @@ class SegmentedEngine:
 
     def _new_challenger(
         self, start: int, k: int, base: float, base_var: float, bases: dict[int, float], base_vars, xb, yb
-    ) -> Challenger:
-        """A fresh challenger started at ``start`` = the block's first index + ``k`` (the conditioned-on context
-        absorbed, the block's rows from ``k`` not yet); ``base``/``bases``: the main population's and the other
-        challengers' log Ẑ up to ``start`` (nats), ``base_var``/``base_vars`` their variances (nats²)."""
+    ) -> tuple[Challenger, list[list[Any]]]:
+        """A fresh challenger started at ``start`` = the block's first index + ``k``, without its population yet
+        (:meth:`_start_challenger` gives it that and the conditioned-on context), and the context rows ``[x, y]``
+        before ``start`` it conditions on; ``base``/``bases``: the main population's and the other challengers' log Ẑ
+        up to ``start`` (nats), ``base_var``/``base_vars`` their variances (nats²)."""
         seed = cp.challenger_seed(self.seed, start)
-        eng = ModelEngine(self.family, sampler=self._sampler(seed))
+        eng = ModelEngine(self.family, sampler=self._sampler(seed), _init_state=False)  # drawn by _start_challenger
         ctx = self._context_rows(self.context, xb[:k] if xb is not None else None, yb[:k])
-        if ctx:  # the conditioned-on values before `start` (autoregressive): no likelihood rows
-            cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
-            absorb_context(eng, cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64))
-        return Challenger(start, start - len(ctx), base, seed, eng, 0, bases, base_var, base_vars)
+        return Challenger(start, start - len(ctx), base, seed, eng, 0, bases, base_var, base_vars), ctx
+
+    def _start_challenger(self, step: _Step, state: Any) -> None:
+        """The challenger started in ``step`` (:meth:`_spawn`) gets its prior population ``state``
+        (:func:`workers.stacking.init_states`) and the conditioned-on values before its start (autoregressive: no
+        likelihood rows)."""
+        assert step.spawn is not None
+        eng = step.spawn.engine
+        eng.state = state
+        if step.spawn_context is not None:
+            absorb_context(eng, *step.spawn_context)
 
     def _split_level(self) -> float | None:
         """The level the rows before a block's change are held at (:func:`split_rows`): the segment's median

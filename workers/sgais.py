@@ -194,10 +194,20 @@ def init(
     """
     theta = torch.stack([f.sample_prior(g, M, dtype, device) for g, f in zip(generators, families, strict=True)])
     if not torch.isfinite(theta).all():
-        raise NumericalError("prior draws are not finite; check the hyperparameters")
+        raise NumericalError(PRIOR_NOT_FINITE)
+    return from_draws(theta)
+
+
+#: The error of a model whose prior draws are not finite (:func:`init`).
+PRIOR_NOT_FINITE = "prior draws are not finite; check the hyperparameters"
+
+
+def from_draws(theta: torch.Tensor) -> StackState:
+    """The prior populations of :func:`init` from their draws ``theta: [K, M, D]``: ``log w = 0`` (float64), zero
+    velocities, anchors and anchor gradients, the draws' variances ``[K, D]`` and no closed epoch's variance."""
     zeros = torch.zeros_like(theta)
-    log_w = torch.zeros(theta.shape[:2], dtype=torch.float64, device=device)
-    evidence_var = torch.zeros(theta.shape[0], dtype=torch.float64, device=device)
+    log_w = torch.zeros(theta.shape[:2], dtype=torch.float64, device=theta.device)
+    evidence_var = torch.zeros(theta.shape[0], dtype=torch.float64, device=theta.device)
     return StackState(theta, log_w, zeros, zeros.clone(), zeros.clone(), theta.to(torch.float64).var(1), evidence_var)
 
 

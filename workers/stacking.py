@@ -127,15 +127,47 @@ def _settings_key(s: SamplerSettings) -> tuple[Any, ...]:
 
 
 def init_state(generator: torch.Generator, family: Family, settings: SamplerSettings) -> SGAISState:
-    """Prior draws ``θ_i ~ p(θ)``, ``log w_i = 0`` (Alg. 8, lines 1–2), an empty history."""
-    dtype, device = settings.torch_dtype, settings.torch_device
-    st = sgais.init([generator], [family], settings.initial_particles, dtype, device)
-    history = History(capacity=settings.history_capacity, seed=settings.seed, dtype=dtype, device=device)
-    log_w = st.log_w[0]  # its summary computed now, once: a fresh state is read several times before its first block
-    return SGAISState(
-        st.theta[0], log_w, st.velocity[0], st.anchor[0], st.anchor_grad[0], 0, st.posterior_var[0],
-        history, None, 0, evidence_var=st.evidence_var[0], summary=summaries(st.log_w, [log_w])[0],
-    )  # fmt: skip
+    """Prior draws ``θ_i ~ p(θ)``, ``log w_i = 0`` (Alg. 8, lines 1–2), an empty history.
+
+    Raises NumericalError when a prior draw is not finite."""
+    (state,) = init_states([(generator, family, settings)])
+    if isinstance(state, Exception):
+        raise state
+    return state
+
+
+def init_states(
+    specs: Sequence[tuple[torch.Generator, Family, SamplerSettings]],
+) -> list[SGAISState | sgais.NumericalError]:
+    """:func:`init_state` of several models, ``(generator, family, sampler settings)`` each: the draws of each from its
+    own generator, then the states of every group of one particle count, dimension, dtype and device built at once
+    (:func:`workers.sgais.from_draws`, one batched summary), each the state it gets alone; a model whose draws are not
+    finite gets a NumericalError instead.  A round's new challengers start this way (:mod:`workers.segmented`): one
+    at a time, building a state cost a fresh challenger's prior draw three times over."""
+    out: list[SGAISState | sgais.NumericalError | None] = [None] * len(specs)
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (_, family, s) in enumerate(specs):
+        groups.setdefault((s.initial_particles, family.dim, s.torch_dtype, str(s.torch_device)), []).append(i)
+    for (M, _, _, _), idx in groups.items():
+        dtype, device = specs[idx[0]][2].torch_dtype, specs[idx[0]][2].torch_device
+        theta = torch.stack([specs[i][1].sample_prior(specs[i][0], M, dtype, device) for i in idx])
+        finite = torch.isfinite(theta).flatten(1).all(1).tolist()
+        good = [j for j, ok in enumerate(finite) if ok]
+        for j in (j for j, ok in enumerate(finite) if not ok):
+            out[idx[j]] = sgais.NumericalError(sgais.PRIOR_NOT_FINITE)
+        if not good:
+            continue
+        st = sgais.from_draws(theta if len(good) == len(idx) else theta[good])
+        log_ws = list(st.log_w)  # each state's own view: its summary is keyed by it
+        for r, (j, summary) in enumerate(zip(good, summaries(st.log_w, log_ws), strict=True)):
+            s = specs[idx[j]][2]
+            history = History(capacity=s.history_capacity, seed=s.seed, dtype=dtype, device=device)
+            out[idx[j]] = SGAISState(
+                st.theta[r], log_ws[r], st.velocity[r], st.anchor[r], st.anchor_grad[r], 0, st.posterior_var[r],
+                history, None, 0, evidence_var=st.evidence_var[r], summary=summary,
+            )  # fmt: skip
+    assert all(v is not None for v in out)
+    return out  # type: ignore[return-value]
 
 
 def advance_stack(

@@ -199,3 +199,37 @@ def test_a_stack_of_1000_models_runs_on_the_gpu() -> None:
         one.update(None, y[a : a + 5])
     assert torch.equal(one.state.theta, engines[3].state.theta)
     assert all(e.state.theta.is_cuda for e in engines[:3])
+
+
+def test_prior_populations_drawn_together_are_those_drawn_alone() -> None:
+    """``init_states`` (a round's new challengers) builds each model's prior population with the bits ``init_state``
+    gives it alone, in groups of different particle counts and dimensions, and a model whose prior draws are not
+    finite gets its NumericalError without stopping the others."""
+    from models import make_family
+    from workers.settings import SamplerSettings
+    from workers.sgais import NumericalError
+    from workers.stacking import init_state, init_states
+
+    specs = [
+        ("gmm", {"dim": 1, "components": 1}, {"seed": 1}),
+        ("autoregressive", {"order": 2}, {"seed": 2}),
+        ("gmm", {"dim": 1, "components": 1, "variance_scale": 3.0}, {"seed": 3, "warmup_particles": 20}),
+        ("gmm", {"dim": 1, "components": 1, "variance_scale": 1e308, "variance_shape": 0.01}, {"seed": 4}),  # overflows
+        ("gmm", {"dim": 1, "components": 1, "mean_scale": 4.0}, {"seed": 5}),
+    ]
+
+    def args(i: int) -> tuple:
+        family, params, sampler = specs[i]
+        return torch.Generator().manual_seed(100 + i), make_family(family, params), SamplerSettings(**sampler)
+
+    together = init_states([args(i) for i in range(len(specs))])
+    assert isinstance(together[3], NumericalError)
+    with pytest.raises(NumericalError):
+        init_state(*args(3))
+    for i in (0, 1, 2, 4):
+        alone = init_state(*args(i))
+        got = together[i]
+        assert not isinstance(got, Exception)
+        for field in ("theta", "log_w", "velocity", "anchor", "anchor_grad", "posterior_var", "evidence_var"):
+            assert torch.equal(getattr(got, field), getattr(alone, field)), (i, field)
+        assert got.log_evidence == alone.log_evidence and got.ess == alone.ess
