@@ -719,8 +719,9 @@ class SegmentedEngine:
         self, step: _Step, k: int, prefix: list[float], ess: list[float], annealed: tuple[float, float] | None = None
     ) -> Challenger:
         """The challenger started at row ``k`` of the block (:func:`_locate`; ``prefix``: each live population's
-        log-predictive of the rows before it, nats, ``ess`` the ESS fraction of its importance weights); it absorbs
-        the block from there in a second stacked call.  ``annealed``: the main segment's ``(log Ẑ, Var log Ẑ)`` up
+        log-predictive of the rows before it, nats, ``ess`` the ESS fraction of its importance weights); its prior
+        population is drawn with the round's other new challengers (:func:`_started`), and it absorbs the block from
+        there in a second stacked call.  ``annealed``: the main segment's ``(log Ẑ, Var log Ẑ)`` up
         to the start by SGAIS (:func:`_annealed_prefixes`), which replaces the importance estimate where given."""
         alive = step.alive
         bases = {c.start: s.log_evidence + p for (c, s), p in zip(alive, prefix[1:], strict=True)}
@@ -730,10 +731,9 @@ class SegmentedEngine:
         base, base_var, base_ess = main.log_evidence + prefix[0], main.log_evidence_var, ess[0]
         if annealed is not None:
             base, base_var = annealed
-        step.spawn, ctx = self._new_challenger(step.first + k, k, base, base_var, bases, base_vars, step.xb, step.yb)
-        if ctx:
-            cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
-            step.spawn_context = (cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64))
+        step.spawn, step.spawn_context = self._new_challenger(
+            step.first + k, k, base, base_var, bases, base_vars, step.xb, step.yb
+        )
         step.spawn.base_ess = base_ess
         step.spawn.bases_ess = {c.start: e for (c, _), e in zip(alive, ess[1:], strict=True)}
         return step.spawn
@@ -772,15 +772,19 @@ class SegmentedEngine:
 
     def _new_challenger(
         self, start: int, k: int, base: float, base_var: float, bases: dict[int, float], base_vars, xb, yb
-    ) -> tuple[Challenger, list[list[Any]]]:
+    ) -> tuple[Challenger, tuple[Any, Any] | None]:
         """A fresh challenger started at ``start`` = the block's first index + ``k``, without its population yet
-        (:meth:`_start_challenger` gives it that and the conditioned-on context), and the context rows ``[x, y]``
-        before ``start`` it conditions on; ``base``/``bases``: the main population's and the other challengers' log Ẑ
-        up to ``start`` (nats), ``base_var``/``base_vars`` their variances (nats²)."""
+        (:meth:`_start_challenger` gives it that and the conditioned-on context), and the values ``(x | None, y)``
+        before ``start`` it conditions on (None without); ``base``/``bases``: the main population's and the other
+        challengers' log Ẑ up to ``start`` (nats), ``base_var``/``base_vars`` their variances (nats²)."""
         seed = cp.challenger_seed(self.seed, start)
         eng = ModelEngine(self.family, sampler=self._sampler(seed), _init_state=False)  # drawn by _start_challenger
         ctx = self._context_rows(self.context, xb[:k] if xb is not None else None, yb[:k])
-        return Challenger(start, start - len(ctx), base, seed, eng, 0, bases, base_var, base_vars), ctx
+        challenger = Challenger(start, start - len(ctx), base, seed, eng, 0, bases, base_var, base_vars)
+        if not ctx:
+            return challenger, None
+        cx = torch.tensor([r[0] for r in ctx], dtype=torch.float64) if ctx[0][0] is not None else None
+        return challenger, (cx, torch.tensor([r[1] for r in ctx], dtype=torch.float64))
 
     def _start_challenger(self, step: _Step, state: Any) -> None:
         """The challenger started in ``step`` (:meth:`_spawn`) gets its prior population ``state``

@@ -192,10 +192,17 @@ def init(
 
     Raises NumericalError when a prior draw is not finite.
     """
-    theta = torch.stack([f.sample_prior(g, M, dtype, device) for g, f in zip(generators, families, strict=True)])
+    theta = prior_draws(generators, families, M, dtype, device)
     if not torch.isfinite(theta).all():
         raise NumericalError(PRIOR_NOT_FINITE)
     return from_draws(theta)
+
+
+def prior_draws(
+    generators: Sequence[torch.Generator], families: Sequence[Family], M: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``theta: [K, M, D]``, each model's ``M`` prior draws from its own generator (unconstrained)."""
+    return torch.stack([f.sample_prior(g, M, dtype, device) for g, f in zip(generators, families, strict=True)])
 
 
 #: The error of a model whose prior draws are not finite (:func:`init`).

@@ -150,7 +150,7 @@ def init_states(
         groups.setdefault((s.initial_particles, family.dim, s.torch_dtype, str(s.torch_device)), []).append(i)
     for (M, _, _, _), idx in groups.items():
         dtype, device = specs[idx[0]][2].torch_dtype, specs[idx[0]][2].torch_device
-        theta = torch.stack([specs[i][1].sample_prior(specs[i][0], M, dtype, device) for i in idx])
+        theta = sgais.prior_draws([specs[i][0] for i in idx], [specs[i][1] for i in idx], M, dtype, device)
         finite = torch.isfinite(theta).flatten(1).all(1).tolist()
         good = [j for j, ok in enumerate(finite) if ok]
         for j in (j for j, ok in enumerate(finite) if not ok):
