@@ -178,6 +178,36 @@ def test_commits_sharing_a_script_call_succeed_or_fail_one_by_one(settings, r):
     assert int(r.hget(keys.block_seconds, "count")) == len(names) - 2
 
 
+def test_a_fresh_streams_first_round_returns_its_state_once_per_count(settings, r):
+    """A call of K commits on a stream with no leader record yet returns the stream's state once per common count
+    it moves through (0 while a model has no values, then the count after the last commit), not once per commit:
+    each returned state is an O(K) read of the stream (a fresh stream's first round of 1,000 models took ~10 s)."""
+    from workers.store.commit import StreamState
+
+    keys, k = Keys(settings.key_prefix), 12
+    names = [f"m{i:02d}" for i in range(k)]
+    for m in names:
+        r.set(keys.lease("default", m), "token")
+        r.set(keys.model("default", m), json.dumps({**SMALL_MODEL, "name": m, "stream": "s"}))
+        r.sadd(keys.stream_models("default", "s"), m)
+        r.zadd(keys.stream_obs("default", "s"), {m: 0})
+    row = {"seq": 1, "first_index": 0, "block_observations": 5, "observations": 5, "seconds": 0.001}
+    calls = [
+        {"tenant": "default", "model": m, "stream": "s", "token": "token", "ttl_ms": 1000,
+         "checkpoint": {"chunks": 1, "observations": 5, "status": "ok"}, "rows": [row], "events": [],
+         "alerts": [], "observations": 5, "known": ""}
+        for m in names
+    ]  # fmt: skip
+    replies = Scripts(r, keys).commit_many(calls)
+    moved = {i: s for i, s in enumerate(replies) if isinstance(s, StreamState)}
+    assert [(i, s.count) for i, s in moved.items()] == [(0, 0), (k - 1, 5)]
+    assert all(reply is None for i, reply in enumerate(replies) if i not in moved)
+    last = moved[k - 1]
+    assert [(m, obs) for m, obs, *_ in last.models] == [(m, 5) for m in names]
+    # every earlier model's row at 5 (the committing model's own rows are written after the script's reads)
+    assert [json.loads(raw)["observations"] if raw else None for *_, raw, _ in last.models] == [5] * (k - 1) + [None]
+
+
 def _shifted_chunks(n: int) -> list[dict]:
     """``n`` chunks of 5 values of N(0, 1), then N(4, 1) from value 20 on: a change the challengers confirm."""
     import torch

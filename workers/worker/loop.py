@@ -415,10 +415,10 @@ class Worker(quarantine.QuarantineHooks):
             for c, *_ in staged:
                 self.failed(c.h, err)
             return []
-        # The commits ran in order, so the last commit of a stream that saw a given count read every earlier
-        # commit of the round: the stream posterior at each count the round moved through is computed and stored
-        # once, from that state (128 models of a fresh stream cost 128 computations and compare-and-sets, all
-        # but two in vain, otherwise).
+        # The stream posterior at each count the round moved through is computed and stored once, from the last
+        # state returned at that count (the script returns one per stream and count: the first commit that saw
+        # it; every model's row at that count was in place by then).  128 models of a fresh stream cost 128
+        # computations and compare-and-sets, all but two in vain, otherwise.
         update_at: dict[tuple[str, str, int], int] = {}
         for i, ((c, *_), reply) in enumerate(zip(staged, replies, strict=True)):
             if isinstance(reply, StreamState):

@@ -16,6 +16,8 @@
 local at = 0
 local function nxt() at = at + 1; return ARGV[at] end
 
+local viewed = {}  -- stream models key -> the common count of the last state returned in this call
+
 local function commit(K)
   local token, ttl, channel = nxt(), nxt(), nxt()
   if redis.call('GET', K[1]) ~= token then return {'lost'} end
@@ -30,22 +32,25 @@ local function commit(K)
     -- one stream cost O(K²) otherwise).  A set without every model (a stream older than it) takes the O(K) path.
     local same = false
     if redis.call('ZCARD', K[10]) == redis.call('SCARD', K[8]) then
-      local leader = redis.call('GET', K[9])
-      if leader then
-        local count = my_obs
-        local low = redis.call('ZRANGE', K[10], 0, 1, 'WITHSCORES')
-        for i = 1, #low, 2 do
-          if low[i] ~= me then
-            local o = tonumber(low[i + 1])
-            if o and o < count then count = o end
-            break
-          end
+      local count = my_obs
+      local low = redis.call('ZRANGE', K[10], 0, 1, 'WITHSCORES')
+      for i = 1, #low, 2 do
+        if low[i] ~= me then
+          local o = tonumber(low[i + 1])
+          if o and o < count then count = o end
+          break
         end
-        same = cjson.decode(leader)['observations'] == count
       end
+      local leader = redis.call('GET', K[9])
+      same = leader and cjson.decode(leader)['observations'] == count
+      -- An earlier commit of this call returned the stream's state at this count: the worker stores that
+      -- posterior (a later reply at the same count would find the record written and do nothing).  Without this
+      -- a fresh stream's first round (no leader record yet) read all K models for each of its K commits.
+      same = same or viewed[K[8]] == count
     end
     if not same then
       view = stream_state(K[8], K[9], model_prefix, ckpt_prefix, trace_prefix, known, me, my_obs)
+      if view then viewed[K[8]] = view[1] end
     end
     zadd_me = true
   end
