@@ -106,6 +106,7 @@ class EventHub:
         self.subscribers: dict[str, set[Subscriber]] = {}
         self.seen: dict[str, dict[str, int]] = {}  # channel -> model -> observations of its last block
         self.lock = asyncio.Lock()
+        self.followed = asyncio.Event()  # set while some socket follows a channel: the reader waits on it
 
     async def subscribe(self, channel: str, sub: Subscriber) -> None:
         """Follow ``channel``; raises a Redis error when the subscription cannot be made."""
@@ -120,6 +121,7 @@ class EventHub:
                     del self.subscribers[channel]
                     raise
             subs.add(sub)
+            self.followed.set()
             if self.task is None or self.task.done():
                 self.task = asyncio.create_task(self._read(), name="sgais-event-hub")
 
@@ -152,7 +154,10 @@ class EventHub:
     async def _read(self) -> None:
         while True:
             if not self.subscribers:
-                await asyncio.sleep(0.5)
+                # no socket follows any channel: wait for one (a fixed sleep here held a new socket's first
+                # events back by up to its length, then sent them in a burst)
+                self.followed.clear()
+                await self.followed.wait()
                 continue
             try:
                 msg = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
