@@ -9,10 +9,11 @@ server); one ``workers.worker.Worker`` stepped until idle.  ``--warm`` chunks ar
 the stream runs ahead of it: checkpoint states deferred to the batch's last chunk), or with ``--per-chunk``
 one pass per chunk (a state stored with every chunk).
 
-Prints the worker thread's CPU per model-block (``time.thread_time``: the API's posting is not counted), in
-``workers.segmented.advance_blocks`` (the engine) and outside it, then the CPU of the main bookkeeping steps
-(each wrapped, so about 1 µs a call is the wrapper's), per model-block.  Runs against any code base with the
-same worker API (``PYTHONPATH``), so two can be compared alternately on a noisy machine.
+The collector runs with the worker process's settings (:func:`workers.runner.quiet_gc`; without them it took about
+a quarter of the time, session 24).  Prints the worker thread's CPU per model-block (``time.thread_time``: the API's
+posting is not counted), in ``workers.segmented.advance_blocks`` (the engine) and outside it, then the CPU of the
+main bookkeeping steps (each wrapped, so about 1 µs a call is the wrapper's), per model-block.  Runs against any
+code base with the same worker API (``PYTHONPATH``), so two can be compared alternately on a noisy machine.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import workers.worker.loop as loop
 from models.gmm import GaussianMixture
 from service.app import create_app
 from workers.config import Settings
+from workers.runner import quiet_gc
 from workers.segmented import SegmentedEngine
 from workers.store import records
 from workers.store.commit import Scripts
@@ -91,6 +93,7 @@ def main() -> None:
             for i in range(args.models):
                 c.post("/v1/models", json={"name": f"m{i}", "stream": "s", **gmm_model(i)}).raise_for_status()
             worker = Worker(settings)
+            quiet_gc()  # the worker process's collector settings (workers.runner.main), after the Worker as there
             worker.heartbeat()
             worker.scan()
 
