@@ -4,6 +4,7 @@ fencing, the stream posterior and its events, a model_switch alert, and an inter
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import redis
@@ -178,13 +179,10 @@ def test_commits_sharing_a_script_call_succeed_or_fail_one_by_one(settings, r):
     assert int(r.hget(keys.block_seconds, "count")) == len(names) - 2
 
 
-def test_a_fresh_streams_first_round_returns_its_state_once_per_count(settings, r):
-    """A call of K commits on a stream with no leader record yet returns the stream's state once per common count
-    it moves through (0 while a model has no values, then the count after the last commit), not once per commit:
-    each returned state is an O(K) read of the stream (a fresh stream's first round of 1,000 models took ~10 s)."""
-    from workers.store.commit import StreamState
-
-    keys, k = Keys(settings.key_prefix), 12
+def _fresh_stream_round(settings, r, k: int) -> tuple[Keys, list[str], list[dict]]:
+    """``k`` models registered on a fresh stream ``s`` (no leader record, every model at 0 values), each leased with
+    token ``"token"``, and one commit call each of a first block of 5 values."""
+    keys = Keys(settings.key_prefix)
     names = [f"m{i:02d}" for i in range(k)]
     for m in names:
         r.set(keys.lease("default", m), "token")
@@ -198,6 +196,17 @@ def test_a_fresh_streams_first_round_returns_its_state_once_per_count(settings, 
          "alerts": [], "observations": 5, "known": ""}
         for m in names
     ]  # fmt: skip
+    return keys, names, calls
+
+
+def test_a_fresh_streams_first_round_returns_its_state_once_per_count(settings, r):
+    """A call of K commits on a stream with no leader record yet returns the stream's state once per common count
+    it moves through (0 while a model has no values, then the count after the last commit), not once per commit:
+    each returned state is an O(K) read of the stream (a fresh stream's first round of 1,000 models took ~10 s)."""
+    from workers.store.commit import StreamState
+
+    k = 12
+    keys, names, calls = _fresh_stream_round(settings, r, k)
     replies = Scripts(r, keys).commit_many(calls)
     moved = {i: s for i, s in enumerate(replies) if isinstance(s, StreamState)}
     assert [(i, s.count) for i, s in moved.items()] == [(0, 0), (k - 1, 5)]
@@ -206,6 +215,20 @@ def test_a_fresh_streams_first_round_returns_its_state_once_per_count(settings, 
     assert [(m, obs) for m, obs, *_ in last.models] == [(m, 5) for m in names]
     # every earlier model's row at 5 (the committing model's own rows are written after the script's reads)
     assert [json.loads(raw)["observations"] if raw else None for *_, raw, _ in last.models] == [5] * (k - 1) + [None]
+
+
+def test_a_state_lost_with_a_failed_commit_is_returned_by_the_next(settings, r):
+    """A commit that read the stream's state and then raised returns no state: the next commit at that count
+    returns it instead of taking it as already returned (else no stream posterior at that count until the next)."""
+    from workers.store.commit import StreamState
+
+    keys, names, calls = _fresh_stream_round(settings, r, 4)
+    calls[0]["rows"] = [{**calls[0]["rows"][0], "seconds": math.nan}]  # its histogram's HINCRBYFLOAT raises
+    replies = Scripts(r, keys).commit_many(calls)
+    assert isinstance(replies[0], redis.ResponseError) and "float" in str(replies[0])
+    # m00 stays at 0 values, so the count stays 0: the second commit returns the state at 0, the rest nothing
+    assert isinstance(replies[1], StreamState) and replies[1].count == 0
+    assert replies[2:] == [None, None]
 
 
 def _shifted_chunks(n: int) -> list[dict]:

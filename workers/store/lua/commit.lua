@@ -16,7 +16,7 @@
 local at = 0
 local function nxt() at = at + 1; return ARGV[at] end
 
-local viewed = {}  -- stream models key -> the common count of the last state returned in this call
+local viewed = {}  -- stream models key -> the common count of the last state this call returned
 
 local function commit(K)
   local token, ttl, channel = nxt(), nxt(), nxt()
@@ -50,7 +50,6 @@ local function commit(K)
     end
     if not same then
       view = stream_state(K[8], K[9], model_prefix, ckpt_prefix, trace_prefix, known, me, my_obs)
-      if view then viewed[K[8]] = view[1] end
     end
     zadd_me = true
   end
@@ -92,6 +91,8 @@ for i = 1, tonumber(nxt()) do
   local after = tonumber(nxt()) + at  -- where the next commit's arguments start, whatever this one read
   local ok, reply = pcall(commit, {unpack(KEYS, 10 * i - 9, 10 * i)})
   if not ok then reply = {'error', type(reply) == 'table' and reply.err or tostring(reply)} end
+  -- a state returned (by a commit that applied: one that raised returns none) at this stream's count
+  if reply[1] == 'moved' then viewed[KEYS[10 * i - 2]] = reply[2] end
   replies[i] = reply
   at = after
 end
