@@ -13,6 +13,7 @@
 -- event JSON, score).
 -- Returns one reply per commit: {'lost'} (nothing written), {'ok'}, {'moved', <stream state>} (written), or
 -- {'error', message}: the commit raised before its first write (its reads come first), nothing of it written.
+-- A call returns a stream's state once per common count (its first applied commit that sees the count moved).
 local at = 0
 local function nxt() at = at + 1; return ARGV[at] end
 
