@@ -7,7 +7,8 @@ Part ``gmm`` (acceptance 1): ``--models`` one-component gmm models with differen
 scale, mean scale) and seeds on one stream, and one model alone on another stream, each fed the same
 ``--chunks`` 5-observation chunks (POSTed one after the other, no ``seq``) until every model has processed every
 chunk (``bench/service_overhead.py: service_run``, the end seen on the live event socket).  Prints the one
-model's milliseconds per block end to end (elapsed / chunks; target <= 20), the aggregate model-blocks/s of the
+model's milliseconds per block end to end (elapsed / chunks; target <= 20) with its engine's share (the median of
+its trace rows' ``seconds``: the rest is the service's per-chunk latency), the aggregate model-blocks/s of the
 many (models x chunks / elapsed) against the one alone in the same run (target >= 30x), and every model's final
 log-evidence against its exact normal-inverse-gamma value (``models.conjugate``; target within 5 nats).
 With ``--warm-chunks W`` both streams first absorb W chunks, untimed, and the timed ``--chunks`` follow: the
@@ -30,6 +31,7 @@ import json
 import math
 import multiprocessing
 import os
+import statistics
 import tempfile
 import time
 
@@ -167,6 +169,9 @@ def part_gmm(
     y = [v for c in data for v in c["y"]]
     errors, statuses = [], {}
     with httpx.Client(base_url=base, timeout=60) as client:
+        # the one model's engine time per timed block, from its trace (the worker's own clock around the engine)
+        trace = client.get(f"/v1/models/one-{tag}-m0/trace", params={"limit": 10_000}).json()["items"]
+        engine_ms = statistics.median(1000 * row["seconds"] for row in trace[-n_chunks:])
         for stream, n in ((f"one-{tag}", 1), (f"many-{tag}", n_models)):
             for i in range(n):
                 ev = client.get(f"/v1/models/{stream}-m{i}/evidence").json()
@@ -178,6 +183,7 @@ def part_gmm(
     one_rate, many_rate = n_chunks / t_one, n_models * n_chunks / t_many
     return {
         "one_ms_per_block": 1000 * t_one / n_chunks,
+        "one_engine_ms_per_block": engine_ms,
         "one_blocks_per_s": one_rate,
         "many_model_blocks_per_s": many_rate,
         "many_ms_per_model_block": 1000 * t_many / (n_models * n_chunks),
@@ -263,7 +269,8 @@ def main() -> None:
                 print(
                     f"gmm load={args.load} changepoints={cps} warm_chunks={args.warm_chunks}: "
                     f"one model {r['one_ms_per_block']:.1f} ms/block "
-                    f"({r['one_blocks_per_s']:.1f} blocks/s); {args.models} models "
+                    f"({r['one_blocks_per_s']:.1f} blocks/s; its engine {r['one_engine_ms_per_block']:.1f} ms, the "
+                    f"trace's median); {args.models} models "
                     f"{r['many_model_blocks_per_s']:.1f} model-blocks/s ({r['many_ms_per_model_block']:.2f} ms per "
                     f"model-block) = {r['ratio']:.1f}x one; log-evidence vs exact: max |err| "
                     f"{r['max_abs_error_nats']:.2f} nats, mean {r['mean_error_nats']:+.2f}, "
