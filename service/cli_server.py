@@ -49,6 +49,7 @@ def serve(
 
     from service.app import create_app
     from workers.config import get_settings
+    from workers.runner import quiet_gc
     from workers.supervisor import Supervisor
 
     overrides = {
@@ -89,7 +90,12 @@ def serve(
                 max_seconds=settings.restart_backoff_max_seconds,
             )
             supervisor.start()
-        uvicorn.run(create_app(settings, workers=threads), host=settings.host, port=settings.port, log_level="info")
+        app_ = create_app(settings, workers=threads)
+        # the API process holds torch and the service's modules (~2·10⁵ objects): each full collection scanned them
+        # all, stalling every request and event relay for 140 ms (measured during `bench/many_models.py`: 15 ms with
+        # them frozen); the worker process's collector settings (workers.runner.quiet_gc)
+        quiet_gc()
+        uvicorn.run(app_, host=settings.host, port=settings.port, log_level="info")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if supervisor is not None:
