@@ -90,12 +90,12 @@ def serve(
                 max_seconds=settings.restart_backoff_max_seconds,
             )
             supervisor.start()
-        app_ = create_app(settings, workers=threads)
-        # the API process holds torch and the service's modules (~2·10⁵ objects): each full collection scanned them
-        # all, stalling every request and event relay for 140 ms (measured during `bench/many_models.py`: 15 ms with
-        # them frozen); the worker process's collector settings (workers.runner.quiet_gc)
+        api = create_app(settings, workers=threads)
+        # the API process holds torch and the service's modules (~2·10⁵ objects): a full collection scanned them all
+        # while every request and event relay waited (144 ms, 301 ms beside two CPU-bound processes, measured during
+        # `bench/many_models.py`; none while serving once frozen): the worker's collector settings
         quiet_gc()
-        uvicorn.run(app_, host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(api, host=settings.host, port=settings.port, log_level="info")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if supervisor is not None:

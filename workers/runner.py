@@ -47,7 +47,7 @@ def quiet_gc() -> None:
     collection scanned every module's objects again.  Measured (engine level, 128 gmm models with challengers,
     20 five-observation blocks from scratch): 1.27–1.34 -> 1.17 ms CPU per model-block, as with the collector
     off.  Reference cycles are still collected, less often.  ``sgais serve`` applies it to the API process too
-    (``service.cli_server``): there a full collection stalled every request for 140 ms."""
+    (``service.cli_server``): there a full collection stalled every request for 144 ms."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
