@@ -248,6 +248,7 @@ def main() -> None:
     ap.add_argument("--ar-chunks", type=int, default=4)
     ap.add_argument("--load", type=int, default=0, help="CPU-bound processes beside the run")
     ap.add_argument("--no-changepoints", action="store_true")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes of the server (sgais serve --workers)")
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--json", default=None, help="write the results here too")
     args = ap.parse_args()
@@ -257,7 +258,7 @@ def main() -> None:
     results: dict = {"args": vars(args)}
     hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.load)]
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(port, args.redis_url, tmp)
+        server = start_server(port, args.redis_url, tmp, args.workers)
         base = f"http://127.0.0.1:{port}"
         for h in hogs:
             h.start()
@@ -267,7 +268,7 @@ def main() -> None:
                 r = part_gmm(base, server.pid, tmp, tag, args.models, args.chunks, cps, args.warm_chunks)
                 results["gmm"] = r
                 print(
-                    f"gmm load={args.load} changepoints={cps} warm_chunks={args.warm_chunks}: "
+                    f"gmm load={args.load} workers={args.workers} changepoints={cps} warm_chunks={args.warm_chunks}: "
                     f"one model {r['one_ms_per_block']:.1f} ms/block "
                     f"({r['one_blocks_per_s']:.1f} blocks/s; its engine {r['one_engine_ms_per_block']:.1f} ms, the "
                     f"trace's median); {args.models} models "

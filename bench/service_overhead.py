@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import socket
@@ -72,7 +73,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, redis_url: str | None, data_dir: str) -> subprocess.Popen:
+def start_server(port: int, redis_url: str | None, data_dir: str, workers: int = 1) -> subprocess.Popen:
+    """``sgais serve`` on ``port`` with ``workers`` worker processes, ready (``/readyz``) when returned."""
     env = {**os.environ, "SGAIS_KEY_PREFIX": f"bench-{uuid.uuid4().hex[:8]}", "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -82,7 +84,7 @@ def start_server(port: int, redis_url: str | None, data_dir: str) -> subprocess.
         "--port",
         str(port),
         "--workers",
-        "1",
+        str(workers),
         "--data-dir",
         data_dir,
     ]
@@ -170,22 +172,29 @@ def service_run(
 
             await asyncio.gather(*(poster() for _ in range(in_flight)))
 
-    t0 = time.perf_counter()
-    asyncio.run(post_all())
-    t_post = time.perf_counter() - t0
-    if wait == "events":
-        while not done.wait(0.5):
-            if not watcher.is_alive():
-                raise RuntimeError("the event watcher stopped before every model finished")
-        elapsed = time.perf_counter() - t0
-    else:
-        with httpx.Client(base_url=base, timeout=60) as client:
-            while True:
-                body = client.get(f"/v1/streams/{stream}").json()
-                if all(m["chunks_processed"] == processed_before + len(chunks) for m in body["models"]):
-                    break
-                time.sleep(0.01)
-        elapsed = time.perf_counter() - t0
+    # this client's own collector off while timed: a full collection of its ~10⁶ objects (torch is imported) took
+    # 80 ms here and, when it fell inside a run, delayed that run's POSTs and event reads (session 25)
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        asyncio.run(post_all())
+        t_post = time.perf_counter() - t0
+        if wait == "events":
+            while not done.wait(0.5):
+                if not watcher.is_alive():
+                    raise RuntimeError("the event watcher stopped before every model finished")
+            elapsed = time.perf_counter() - t0
+        else:
+            with httpx.Client(base_url=base, timeout=60) as client:
+                while True:
+                    body = client.get(f"/v1/streams/{stream}").json()
+                    if all(m["chunks_processed"] == processed_before + len(chunks) for m in body["models"]):
+                        break
+                    time.sleep(0.01)
+            elapsed = time.perf_counter() - t0
+    finally:
+        gc.enable()
     if os.environ.get("BENCH_KEEP_MODELS") != "1":
         # the next repeat starts from a worker without this repeat's (now idle) models
         with httpx.Client(base_url=base, timeout=60) as client:
