@@ -51,6 +51,7 @@ def serve(
     from workers.config import get_settings
     from workers.runner import quiet_gc
     from workers.supervisor import Supervisor
+    from workers.worker.loop import warm_lazy_imports
 
     overrides = {
         k: v
@@ -93,7 +94,9 @@ def serve(
         api = create_app(settings, workers=threads)
         # the API process holds torch and the service's modules (~2·10⁵ objects): a full collection scanned them all
         # while every request and event relay waited (144 ms, 301 ms beside two CPU-bound processes, measured during
-        # `bench/many_models.py`; none while serving once frozen): the worker's collector settings
+        # `bench/many_models.py`; none while serving once frozen): the worker's collector settings, with what the
+        # first model registration would import (sympy) loaded and frozen first
+        warm_lazy_imports(optimiser=False)
         quiet_gc()
         uvicorn.run(api, host=settings.host, port=settings.port, log_level="info")
     finally:

@@ -42,15 +42,22 @@ from workers.worker.restore import restore
 log = logging.getLogger("sgais.worker")
 
 
-def warm_lazy_imports() -> None:
+def warm_lazy_imports(*, optimiser: bool = True) -> None:
     """Import what torch loads on first use, before any lease is held: ``torch.broadcast_shapes`` (a
     parameter's unconstrained shape, ``models.base``) imports sympy, and the first optimiser (the Laplace
     start's L-BFGS, ``workers.conflict``) imports ``torch._dynamo``: 1.5–5 s together on this 2-core machine,
     which a worker's first block otherwise spent holding its leases (a step-driven worker with a 2 s lease lost
     them on a busy machine).  Costs 33 + 38 MB of resident memory per worker process; sympy is needed by the
-    first model anyway, ``torch._dynamo`` only once a Laplace start runs.  Idempotent (the modules stay imported)."""
+    first model anyway, ``torch._dynamo`` only once a Laplace start runs.  Idempotent (the modules stay imported).
+
+    ``optimiser`` False: sympy only, for the API process (``sgais serve``), which validates models but runs no
+    Laplace start; imported there before the collector's freeze (:func:`workers.runner.quiet_gc`), or the first
+    model registration imported it while serving (195 ms on that request, session 25) and every later
+    collection of the older generations scanned its objects."""
     import torch
-    import torch._dynamo  # noqa: F401
+
+    if optimiser:
+        import torch._dynamo  # noqa: F401
 
     torch.broadcast_shapes((1,), (1,))
 
