@@ -1,7 +1,8 @@
 """Many models on one worker, fed live over HTTP through a real ``sgais serve`` (issue 9, acceptance 1 and 2).
 
     python bench/many_models.py [--part gmm,ar] [--models 128] [--chunks 20] [--warm-chunks 0] [--ar-models 1000]
-                                [--ar-chunks 4] [--load 0] [--no-changepoints] [--redis-url URL]
+                                [--ar-chunks 4] [--load 0] [--workers 1] [--no-changepoints]
+                                [--redis-url URL]
 
 Part ``gmm`` (acceptance 1): ``--models`` one-component gmm models with different priors (variance shape and
 scale, mean scale) and seeds on one stream, and one model alone on another stream, each fed the same
@@ -20,8 +21,9 @@ Part ``ar`` (acceptance 2): ``--ar-models`` AR(1) models on one stream and one w
 stream's single-observation blocks and the challengers' start) and the server's resident memory per model
 (RSS of the server process tree after the run minus before the models were created, / models).
 
-``--load N`` runs N CPU-bound processes beside the run (a loaded machine).  Models are registered with their
-default alerts, so each runs its change-point challengers (``--no-changepoints`` turns them off).
+``--load N`` runs N CPU-bound processes beside the run (a loaded machine); ``--workers N`` starts the server with N
+worker processes (``sgais serve --workers N``; the models split over them by their leases).  Models are registered
+with their default alerts, so each runs its change-point challengers (``--no-changepoints`` turns them off).
 """
 
 from __future__ import annotations
