@@ -465,11 +465,15 @@ def test_hub_reader_waits_for_a_socket_without_polling(settings, monkeypatch):
         await hub.subscribe(first, sub)
         await r.publish(first, _evidence("m", 0))
         assert json.loads((await asyncio.wait_for(sub.next_texts(), 30))[0])["last_block"]["first_index"] == 0
-        await hub.unsubscribe(first, sub)  # no socket follows anything now: the reader goes idle
-        for _ in range(5):  # let the reader find out (it is waiting on get_message's timeout or already idle)
-            await real_sleep(0)
         monkeypatch.setattr(events_hub.asyncio, "sleep", spy)
-        await real_sleep(1.2)  # longer than get_message's 1 s timeout: the reader has reached its idle wait
+        await hub.unsubscribe(first, sub)  # no socket follows anything now: the reader goes idle
+        # until the reader is idle (it clears `followed` there) or sleeps (the fixed sleep this test guards against);
+        # it first waits out get_message's 1 s timeout, however long that takes on a busy machine
+        for _ in range(600):
+            if not hub.followed.is_set() or [d for d in sleeps if d > 0]:
+                break
+            await real_sleep(0.05)
+        assert [d for d in sleeps if d > 0] == [] and not hub.followed.is_set()  # idle, waiting without a sleep
         later = Subscriber(10)
         await hub.subscribe(second, later)
         await r.publish(second, _evidence("m", 5))
