@@ -478,6 +478,17 @@ class Family(ABC):
         (``sufficient_statistics`` families)."""
         raise NotImplementedError(f"{self.name} has no sufficient statistics")
 
+    def stacked_statistics_steps(self, T: torch.Tensor) -> list[Any]:
+        """The per-step statistics ``T: [K, S, P]`` of an SGHMC chain of ``S`` steps, prepared once for
+        :meth:`stacked_grad_from_step` (``sufficient_statistics`` families): by default the views ``T[:, s]``.  A
+        family may split them here into the pieces its gradient reads, so that a step does not slice them again."""
+        return list(T.unbind(1))
+
+    def stacked_grad_from_step(self, theta: torch.Tensor, step: Any) -> torch.Tensor:
+        """``g(θ, T_s)`` for ``step``, an entry of :meth:`stacked_statistics_steps` (``theta: [K, M, D]`` ->
+        ``[K, M, D]``): the same values as :meth:`stacked_grad_from_statistics` of ``T[:, s]``, bit for bit."""
+        return self.stacked_grad_from_statistics(theta, step)
+
     def stacked_mode_from_statistics(self, T: torch.Tensor) -> torch.Tensor | None:
         """``θ̂: [K, D]``, the zero of :meth:`stacked_grad_from_statistics` ``g(θ, T)`` for ``T: [K, P]`` (prior
         pseudo-statistics plus data), where it has a closed form: the mode of a conjugate posterior in the unconstrained

@@ -268,9 +268,22 @@ class GaussianMixture(Family):
         ``∂_μ = (S1 − μN)/σ²`` and ``∂_u = (S2 − 2μS1 + μ²N)/(2σ²) − H`` (the one-component case of
         :meth:`stacked_grad_log_likelihood`, ``H = N/2`` for data rows; Bishop 2006, *PRML* eq. 9.13) ->
         ``[K, M, 2d]``, linear in ``T``."""
+        return self.stacked_grad_from_step(theta, self._statistics_parts(T[:, None]))
+
+    def stacked_statistics_steps(self, T):
+        """One component: ``T: [K, S, P]`` -> per step ``(N: [K, 1, 1], S1, S2: [K, 1, d], H: [K, 1, d])``, the
+        views :meth:`stacked_grad_from_step` reads."""
+        return list(zip(*(part.unbind(1) for part in self._statistics_parts(T[:, :, None])), strict=True))
+
+    def _statistics_parts(self, T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(N, S1, S2, H)``, the views of ``T: [..., 2d + 2]`` along its last axis."""
         d = self.params.dim
-        T = T[:, None]  # [K, 1, P]
-        n, s1, s2, h = T[..., :1], T[..., 1 : 1 + d], T[..., 1 + d : 1 + 2 * d], T[..., 1 + 2 * d :]
+        return T[..., :1], T[..., 1 : 1 + d], T[..., 1 + d : 1 + 2 * d], T[..., 1 + 2 * d :]
+
+    def stacked_grad_from_step(self, theta, step):
+        """:meth:`stacked_grad_from_statistics` of one step's ``(N, S1, S2, H)`` (:meth:`stacked_statistics_steps`)."""
+        n, s1, s2, h = step
+        d = self.params.dim
         mu, u = theta[..., :d], theta[..., d:]
         iv = torch.exp(-u)
         g_mu = (s1 - mu * n) * iv

@@ -125,6 +125,15 @@ class StackedFamily:
         """``g(θ, T)``: ``theta: [K, M, D]``, ``T: [K, P]`` -> ``[K, M, D]``, linear in ``T``."""
         return self.family.stacked_grad_from_statistics(theta, T)
 
+    def statistics_steps(self, T: torch.Tensor) -> list[Any]:
+        """The per-step statistics ``T: [K, S, P]`` of an SGHMC chain, prepared once
+        (:meth:`Family.stacked_statistics_steps`)."""
+        return self.family.stacked_statistics_steps(T)
+
+    def grad_from_step(self, theta: torch.Tensor, step: Any) -> torch.Tensor:
+        """``g(θ, T_s)`` for an entry of :meth:`statistics_steps`: ``theta: [K, M, D]`` -> ``[K, M, D]``."""
+        return self.family.stacked_grad_from_step(theta, step)
+
     def log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         """``theta: [K, M, D]``, ``x: [K, B, d] | None``, ``y: [K, B, ...]`` -> ``[K, M, B]`` (nats)."""
         values, _ = self.family.space.constrain(theta)

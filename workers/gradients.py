@@ -60,6 +60,14 @@ class HistoryEstimator(Protocol):
         statistics): one gradient evaluation at ``θ``."""
         ...
 
+    def folded_steps(
+        self, T: torch.Tensor, stats: torch.Tensor, at_anchor: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`folded` for every step of an SGHMC chain at once, as ``(T_s: [K, S, P], c_s: [K, S, M, D] or
+        None)`` with ``folded(θ, T, B_s) = g(θ, T_s) + c_s``: ``stats: [K, S, P]`` the steps' mini-batch statistics,
+        ``at_anchor: [K, S, M, D]`` the base estimator at the control variates' anchors on each (or None)."""
+        ...
+
 
 class Minibatch:
     """``(n_prev/|B|) Σ_{y∈B} ∇ log p(y|θ)`` (thesis eq. 4.14); ``scale: [K]`` is ``n_prev/|B|`` per model.
@@ -93,6 +101,12 @@ class Minibatch:
         """``g(θ, T + scale·T_B)``: the exact part and the mini-batch in one evaluation (linearity in ``T``)."""
         return self.model.grad_from_statistics(theta, T + self.scale[:, :, 0] * self._statistics(batch))
 
+    def folded_steps(
+        self, T: torch.Tensor, stats: torch.Tensor, at_anchor: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``T_s = T + scale·T_{B_s}`` for every step (the arithmetic of :meth:`folded`, element for element)."""
+        return T[:, None] + self.scale * stats, None
+
     def difference(self, theta: torch.Tensor, anchor: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
             A = batch.stats[0] if batch.stats is not None else self.model.gradient_statistics(batch.x, None)[0]
@@ -122,6 +136,15 @@ class ControlVariates:
         at_anchor = batch.at_anchor if batch.at_anchor is not None else self.base(self.anchor, batch)
         return self.base.folded(theta, T, batch) + (self.anchor_grad - at_anchor)
 
+    def folded_steps(
+        self, T: torch.Tensor, stats: torch.Tensor, at_anchor: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The base's ``T_s`` and ``c_s = G − base(a, B_s)`` (``at_anchor`` required: the sampler forms it)."""
+        if at_anchor is None:
+            raise ValueError("control variates fold their steps only with the anchors' estimates at hand")
+        T_s, _ = self.base.folded_steps(T, stats, None)
+        return T_s, self.anchor_grad[:, None] - at_anchor
+
 
 def minibatch(model: StackedFamily, scale: torch.Tensor) -> Minibatch:
     """The plain mini-batch estimator (:class:`Minibatch`)."""
@@ -144,8 +167,7 @@ def potential_gradient(
     ``g(θ, ·)`` (plus one at the anchors with control variates).
     """
     if model.sufficient_statistics:
-        assert block.y is not None
-        T = model.prior_pseudo_statistics() + lam[:, None].to(model.hp_dtype) * model.statistics(block.x, block.y)
+        T = _exact_statistics(model, block, lam)
 
         def grad_u_folded(theta: torch.Tensor, batch: Batch | None) -> torch.Tensor:
             if history is not None and batch is not None:
@@ -177,6 +199,45 @@ def potential_gradient(
         return -g
 
     return grad_u
+
+
+def _exact_statistics(model: StackedFamily, block: Batch, lam: torch.Tensor) -> torch.Tensor:
+    """``T = T0 + λ T_C: [K, P]``, the prior's pseudo-statistics and the tempered block's (``sufficient_statistics``
+    families)."""
+    assert block.y is not None
+    return model.prior_pseudo_statistics() + lam[:, None].to(model.hp_dtype) * model.statistics(block.x, block.y)
+
+
+StepGradient = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def potential_gradient_steps(
+    model: StackedFamily,
+    block: Batch,
+    lam: torch.Tensor,
+    history: HistoryEstimator | None,
+    stats: torch.Tensor | None,
+    at_anchor: torch.Tensor | None,
+) -> StepGradient:
+    """:func:`potential_gradient` of a ``sufficient_statistics`` family for the S steps of one SGHMC chain, with every
+    step's mini-batch statistics ``stats: [K, S, P]`` at hand (None: no history term): ``(θ, s) -> ∇Û_s(θ)``, the
+    same values bit for bit as ``potential_gradient(...)(θ, batch_s)``.
+
+    Everything that does not depend on ``θ`` is formed once for the chain: the steps' folded statistics
+    ``T_s = T0 + λ T_C + scale·T_{B_s}`` (:meth:`HistoryEstimator.folded_steps`), split as the family's gradient reads
+    them (:meth:`~models.stack.StackedFamily.statistics_steps`), and the control variates' corrections ``G − base(a,
+    B_s)``; a step is one gradient evaluation and, with control variates, one addition (a lone model's SGHMC step
+    is dominated by the number of tensor calls, not by their arithmetic)."""
+    T = _exact_statistics(model, block, lam)
+    if history is None or stats is None:
+        (only,) = model.statistics_steps(T[:, None])
+        return lambda theta, step: -model.grad_from_step(theta, only)
+    T_s, correction = history.folded_steps(T, stats, at_anchor)
+    steps = model.statistics_steps(T_s)
+    if correction is None:
+        return lambda theta, step: -model.grad_from_step(theta, steps[step])
+    corrections = correction.unbind(1)
+    return lambda theta, step: -(model.grad_from_step(theta, steps[step]) + corrections[step])
 
 
 def history_gradient(

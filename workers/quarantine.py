@@ -166,7 +166,7 @@ def install_budget_check(engine: Any, budget: Budget) -> None:
     # the stacked kernel (models/stack.py) calls the stacked_* methods of its first model's family; the
     # worker advances one model per call, so that is this model's family
     names = ("log_likelihood", "grad_log_likelihood", "stacked_log_likelihood", "stacked_grad_log_likelihood",
-             "stacked_gradient_statistics", "stacked_grad_from_statistics")  # fmt: skip
+             "stacked_gradient_statistics", "stacked_grad_from_statistics", "stacked_grad_from_step")  # fmt: skip
     for name in names:
         if not hasattr(family, name):
             continue

@@ -66,7 +66,15 @@ import torch
 from models.base import Family
 from models.stack import StackedFamily
 from workers.ess import ess, solve_increment
-from workers.gradients import Batch, HistoryEstimator, control_variates, minibatch, potential_gradient
+from workers.gradients import (
+    Batch,
+    HistoryEstimator,
+    StepGradient,
+    control_variates,
+    minibatch,
+    potential_gradient,
+    potential_gradient_steps,
+)
 from workers.history import StackBatches
 from workers.resampling import Resampler
 from workers.sghmc import sghmc_step, standard_normal
@@ -550,41 +558,13 @@ def _move(
     draws = [0 if w else c for w, c in zip(whole, counts, strict=True)]
     plan = block.batches.plan(list(gens), block.models, draws) if block.batches is not None and any(draws) else None
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
-    history: HistoryEstimator | None = None
-    stats: Any = None  # a quadratic family's (A, c) per step, or a sufficient-statistics family's T: [K, S, P]
-    at_anchor = None
-    if block.batches is not None and fam.sufficient_statistics:
-        stats, scale, at_anchor = _statistics_per_step(block, plan, whole, S, anchor, anchor_grad, s.control_variates)
-        history = minibatch(fam, scale)
-        if at_anchor is not None:
-            history = control_variates(history, anchor, anchor_grad)
-    elif block.batches is not None and plan is not None:
-        history = minibatch(fam, block.n_prev / block.batches.batch_size)
-        if s.control_variates:
-            history = control_variates(history, anchor, anchor_grad)
-        if fam.quadratic and bulk:
-            x, y = block.batches.rows(plan.reshape(K * S, -1))
-            A, c = fam.select(torch.arange(K, device=theta.device).repeat_interleave(S)).gradient_statistics(
-                x, None if s.control_variates else y
-            )
-            stats = (A.reshape(K, S, *A.shape[1:]), c.reshape(K, S, -1) if c is not None else None)
-    grad_u = potential_gradient(fam, Batch(block.x, block.y), lam, history)
+    grad_at = _step_gradient(block, theta, anchor, anchor_grad, lam=lam, plan=plan, whole=whole, S=S, bulk=bulk)
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
     keep_v = 1.0 - alpha
-
-    def batch_at(step: int) -> Batch | None:
-        if isinstance(stats, torch.Tensor):
-            return Batch(None, None, stats[:, step], at_anchor(step) if at_anchor is not None else None)
-        if stats is not None:
-            return Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
-        if block.batches is not None and plan is not None:
-            return Batch(*block.batches.rows(plan[:, step]))
-        return None
-
-    first = grad_u(theta, batch_at(0))
+    first = grad_at(theta, 0)
 
     def run(step_size: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _sghmc_steps(theta, velocity, first, grad_u, batch_at, xi, step_size, keep_v, counts)
+        return _sghmc_steps(theta, velocity, first, grad_at, xi, step_size, keep_v, counts)
 
     # not on a prior population: D observations identify D parameters
     gate = None if correlated is None else correlated & (block.n_prev >= theta.shape[-1])
@@ -613,6 +593,58 @@ def _move(
     return th, v
 
 
+def _step_gradient(
+    block: StackBlock,
+    theta: torch.Tensor,
+    anchor: torch.Tensor,
+    anchor_grad: torch.Tensor,
+    *,
+    lam: torch.Tensor,
+    plan: torch.Tensor | None,
+    whole: list[bool],
+    S: int,
+    bulk: bool,
+) -> StepGradient:
+    """``(θ, s) -> ∇Û_s(θ)`` for the ``S`` SGHMC steps of :func:`_move` (eq. 4.14): the history term from step ``s``'s
+    mini-batch of ``plan: [K, S, |B|]`` (or the whole history, ``whole``), with control variates around ``anchor``
+    where the settings ask for them.  Quadratic families form their steps' batch statistics at once when ``bulk``;
+    ``sufficient_statistics`` families fold every step's statistics once
+    (:func:`~workers.gradients.potential_gradient_steps`)."""
+    s, fam, K = block.settings, block.family, theta.shape[0]
+    history: HistoryEstimator | None = None
+    stats: Any = None  # a quadratic family's (A, c) per step, or a sufficient-statistics family's T: [K, S, P]
+    at_anchor = None
+    if block.batches is not None and fam.sufficient_statistics:
+        stats, scale, at_anchor = _statistics_per_step(block, plan, whole, S, anchor, anchor_grad, s.control_variates)
+        history = minibatch(fam, scale)
+        if at_anchor is not None:
+            history = control_variates(history, anchor, anchor_grad)
+    elif block.batches is not None and plan is not None:
+        history = minibatch(fam, block.n_prev / block.batches.batch_size)
+        if s.control_variates:
+            history = control_variates(history, anchor, anchor_grad)
+        if fam.quadratic and bulk:
+            x, y = block.batches.rows(plan.reshape(K * S, -1))
+            A, c = fam.select(torch.arange(K, device=theta.device).repeat_interleave(S)).gradient_statistics(
+                x, None if s.control_variates else y
+            )
+            stats = (A.reshape(K, S, *A.shape[1:]), c.reshape(K, S, -1) if c is not None else None)
+    if fam.sufficient_statistics and not callable(at_anchor):  # every step's statistics at hand: folded once
+        return potential_gradient_steps(fam, Batch(block.x, block.y), lam, history, stats, at_anchor)
+    grad_u = potential_gradient(fam, Batch(block.x, block.y), lam, history)
+
+    def batch_at(step: int) -> Batch | None:
+        if isinstance(stats, torch.Tensor):
+            return Batch(None, None, stats[:, step], at_anchor(step) if at_anchor is not None else None)
+        if stats is not None:
+            return Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
+        if block.batches is not None and plan is not None:
+            return Batch(*block.batches.rows(plan[:, step]))
+        return None
+
+    return lambda theta, step: grad_u(theta, batch_at(step))
+
+
 def _diagonal_xi(noise: torch.Tensor, alpha: torch.Tensor, step_size: torch.Tensor) -> torch.Tensor:
     """``ξ = √(2αη)·N(0, I): [K, S, M, D]`` for every step at once, from ``noise: [K, S, M, D]``, the momentum decay
     ``alpha: [K, 1, 1]`` and the diagonal step sizes ``step_size: [K, 1, D]`` (eq. 2.53)."""
@@ -637,19 +669,19 @@ def _sghmc_steps(
     theta: torch.Tensor,
     velocity: torch.Tensor,
     first: torch.Tensor,
-    grad_u: Callable[[torch.Tensor, Batch | None], torch.Tensor],
-    batch_at: Callable[[int], Batch | None],
+    grad_at: StepGradient,
     xi: torch.Tensor,
     step_size: torch.Tensor,
     keep_v: torch.Tensor,
     counts: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``max(counts)`` SGHMC steps (``first``: the gradient at ``theta``, ``xi: [K, S, M, D]`` the noise); model
-    ``k`` stops after ``counts[k]`` of them."""
+    """``max(counts)`` SGHMC steps (``first``: the gradient at ``theta``, ``grad_at(θ, s)`` step ``s``'s ``∇Û``,
+    ``xi: [K, S, M, D]`` the noise); model ``k`` stops after ``counts[k]`` of them."""
     ends, first_end = torch.tensor(counts, device=theta.device)[:, None, None], min(counts, default=0)
+    noise = xi.unbind(1)
     for step in range(max(counts, default=0)):
         new_theta, new_velocity = sghmc_step(
-            theta, velocity, first if step == 0 else grad_u(theta, batch_at(step)), xi[:, step],
+            theta, velocity, first if step == 0 else grad_at(theta, step), noise[step],
             step_size=step_size, momentum_keep=keep_v,
         )  # fmt: skip
         if step >= first_end:  # some models have finished their moves: they stay where they are
@@ -689,11 +721,12 @@ def _statistics_per_step(
     anchor: torch.Tensor,
     anchor_grad: torch.Tensor,
     control_variates: bool,
-) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], torch.Tensor] | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | Callable[[int], torch.Tensor] | None]:
     """A ``sufficient_statistics`` family's history term for ``S`` SGHMC steps: ``(T: [K, S, P], scale: [K],
     at_anchor)``, the step's gradient being ``g(θ, T0 + λT_C + scale·T_s)`` plus, with control variates,
-    ``G − at_anchor(s)`` (:class:`~workers.gradients.ControlVariates`; ``at_anchor(s): [K, M, D]``, formed for
-    every step at once unless that exceeds :data:`BULK_ELEMENTS`; None without control variates).
+    ``G − at_anchor[:, s]`` (:class:`~workers.gradients.ControlVariates`; ``at_anchor: [K, S, M, D]``, formed for
+    every step at once, or where that exceeds :data:`BULK_ELEMENTS` a function of the step returning its
+    ``[K, M, D]``; None without control variates).
 
     A model whose history fits in one mini-batch (``whole``) takes its exact history statistics ``T_H`` at
     every step with ``scale`` 1: the exact gradient of the annealed target, at no more cost than a batch of
@@ -738,8 +771,7 @@ def _statistics_per_step(
     # the mini-batch estimate at the anchors, every step at once
     flat = fam.select(torch.arange(K, device=dev).repeat_interleave(S))
     at = flat.grad_from_statistics(anchor.repeat_interleave(S, 0), scaled.reshape(K * S, -1))
-    at_anchor = torch.where(mask[:, None], anchor_grad[:, None], at.reshape(K, S, *anchor.shape[1:]))
-    return T, scale, lambda step: at_anchor[:, step]
+    return T, scale, torch.where(mask[:, None], anchor_grad[:, None], at.reshape(K, S, *anchor.shape[1:]))
 
 
 def _history_statistics(fam: StackedFamily, batches: StackBatches, models: list[int]) -> torch.Tensor:
