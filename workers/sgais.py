@@ -635,7 +635,7 @@ def _step_gradient(
 
     def batch_at(step: int) -> Batch | None:
         if isinstance(stats, torch.Tensor):
-            return Batch(None, None, stats[:, step], at_anchor(step) if at_anchor is not None else None)
+            return Batch(None, None, stats[:, step], at_anchor(step) if callable(at_anchor) else None)
         if stats is not None:
             return Batch(None, None, (stats[0][:, step], stats[1][:, step] if stats[1] is not None else None))
         if block.batches is not None and plan is not None:
