@@ -581,10 +581,49 @@ def test_a_history_within_one_batch_gives_the_exact_gradient_and_draws_nothing()
         torch.testing.assert_close(T[0, step], exact, rtol=1e-13, atol=0.0)
     torch.testing.assert_close(T[1, :3], stack.statistics(None, batches.rows(plan[1].reshape(3, -1))[1]))
     assert scale.tolist() == [1.0, 120 / 50]
-    assert at_anchor is not None and all(torch.equal(at_anchor(step)[0], anchor_grad[0]) for step in range(4))
+    assert isinstance(at_anchor, torch.Tensor) and all(
+        torch.equal(at_anchor[0, step], anchor_grad[0]) for step in range(4)
+    )
     # every model within one batch: no control variates at all
     whole = sgais._statistics_per_step(block, None, [True, True], 2, anchor, anchor_grad, True)
     assert whole[2] is None and whole[1].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("family", ["gmm", "autoregressive"])
+@pytest.mark.parametrize("with_control_variates", [False, True])
+def test_folded_steps_give_the_per_step_gradients_bit_for_bit(family: str, with_control_variates: bool) -> None:
+    """:func:`workers.gradients.potential_gradient_steps` (every step's statistics folded once, the family's split
+    taken once) gives each step exactly the values of :func:`workers.gradients.potential_gradient` on that step's
+    batch, with and without control variates: the lean path changes the number of tensor calls, not a bit."""
+    from workers.gradients import Batch, control_variates, minibatch, potential_gradient, potential_gradient_steps
+
+    params = {"dim": 1, "components": 1} if family == "gmm" else {"order": 1}
+    fams = [make_family(family, {**params, "variance_scale": v}) for v in (0.5, 2.0, 1.0)]
+    stack = StackedFamily(fams, torch.float64, "cpu")
+    K, S, M, B = 3, 5, 4, 7
+    g = torch.Generator().manual_seed(1)
+    D = 2 if family == "gmm" else 3
+    x = torch.randn(K, B, 1, generator=g, dtype=torch.float64) if family != "gmm" else None
+    y = torch.randn(K, B, generator=g, dtype=torch.float64)
+    rows = [torch.randn(K, 6, generator=g, dtype=torch.float64) for _ in range(S)]
+    xs = [torch.randn(K, 6, 1, generator=g, dtype=torch.float64) if family != "gmm" else None for _ in range(S)]
+    stats = torch.stack([stack.statistics(xb, yb) for xb, yb in zip(xs, rows, strict=True)], 1)  # [K, S, P]
+    theta = 0.3 * torch.randn(K, M, D, generator=g, dtype=torch.float64)
+    lam = torch.tensor([0.2, 0.7, 1.0], dtype=torch.float64)
+    history = minibatch(stack, torch.tensor([3.0, 1.0, 10.0], dtype=torch.float64))
+    at_anchor = None
+    if with_control_variates:
+        anchor = theta + 0.01
+        history = control_variates(history, anchor, torch.randn(K, M, D, generator=g, dtype=torch.float64))
+        at_anchor = torch.stack([history.base(anchor, Batch(None, None, stats[:, s])) for s in range(S)], 1)
+    block = Batch(x, y)
+    per_step = potential_gradient(stack, block, lam, history)
+    folded = potential_gradient_steps(stack, block, lam, history, stats, at_anchor)
+    for s in range(S):
+        batch = Batch(None, None, stats[:, s], at_anchor[:, s] if at_anchor is not None else None)
+        assert torch.equal(folded(theta, s), per_step(theta, batch))
+    without = potential_gradient_steps(stack, block, lam, None, None, None)  # no history term: the prior and block
+    assert torch.equal(without(theta, 0), potential_gradient(stack, block, lam, None)(theta, None))
 
 
 def test_checkpoint_header_follows_a_replaced_sampler() -> None:
