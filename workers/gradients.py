@@ -62,10 +62,11 @@ class HistoryEstimator(Protocol):
 
     def folded_steps(
         self, T: torch.Tensor, stats: torch.Tensor, at_anchor: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`folded` for every step of an SGHMC chain at once, as ``(T_s: [K, S, P], c_s: [K, S, M, D] or
-        None)`` with ``folded(θ, T, B_s) = g(θ, T_s) + c_s``: ``stats: [K, S, P]`` the steps' mini-batch statistics,
-        ``at_anchor: [K, S, M, D]`` the base estimator at the control variates' anchors on each (or None)."""
+    ) -> tuple[torch.Tensor, Callable[[int], torch.Tensor] | None]:
+        """:meth:`folded` for every step of an SGHMC chain, as ``(T_s: [K, S, P], c)`` with ``folded(θ, T, B_s) =
+        g(θ, T_s) + c(s)`` (``c(s): [K, M, D]``; ``c`` None: no correction): ``stats: [K, S, P]`` the steps'
+        mini-batch statistics, ``at_anchor: [K, S, M, D]`` the base estimator at the control variates' anchors on
+        each (or None)."""
         ...
 
 
@@ -103,7 +104,7 @@ class Minibatch:
 
     def folded_steps(
         self, T: torch.Tensor, stats: torch.Tensor, at_anchor: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, Callable[[int], torch.Tensor] | None]:
         """``T_s = T + scale·T_{B_s}`` for every step (the arithmetic of :meth:`folded`, element for element)."""
         return T[:, None] + self.scale * stats, None
 
@@ -138,12 +139,14 @@ class ControlVariates:
 
     def folded_steps(
         self, T: torch.Tensor, stats: torch.Tensor, at_anchor: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The base's ``T_s`` and ``c_s = G − base(a, B_s)`` (``at_anchor`` required: the sampler forms it)."""
+    ) -> tuple[torch.Tensor, Callable[[int], torch.Tensor] | None]:
+        """The base's ``T_s`` and ``c(s) = G − base(a, B_s)`` (``at_anchor`` required: the sampler forms it), formed
+        at its step: one ``[K, M, D]`` at a time stays in cache where ``[K, S, M, D]`` at once would not."""
         if at_anchor is None:
             raise ValueError("control variates fold their steps only with the anchors' estimates at hand")
         T_s, _ = self.base.folded_steps(T, stats, None)
-        return T_s, self.anchor_grad[:, None] - at_anchor
+        at_step = at_anchor.unbind(1)
+        return T_s, lambda step: self.anchor_grad - at_step[step]
 
 
 def minibatch(model: StackedFamily, scale: torch.Tensor) -> Minibatch:
@@ -223,11 +226,11 @@ def potential_gradient_steps(
     step's mini-batch statistics ``stats: [K, S, P]`` at hand (None: no history term): ``(θ, s) -> ∇Û_s(θ)``, the
     same values bit for bit as ``potential_gradient(...)(θ, batch_s)``.
 
-    Everything that does not depend on ``θ`` is formed once for the chain: the steps' folded statistics
-    ``T_s = T0 + λ T_C + scale·T_{B_s}`` (:meth:`HistoryEstimator.folded_steps`), split as the family's gradient reads
-    them (:meth:`~models.stack.StackedFamily.statistics_steps`), and the control variates' corrections ``G − base(a,
-    B_s)``; a step is one gradient evaluation and, with control variates, one addition (a lone model's SGHMC step
-    is dominated by the number of tensor calls, not by their arithmetic)."""
+    The folded statistics of every step, ``T_s = T0 + λ T_C + scale·T_{B_s}`` (:meth:`HistoryEstimator.folded_steps`),
+    are formed once for the chain and split as the family's gradient reads them
+    (:meth:`~models.stack.StackedFamily.statistics_steps`); a step is one gradient evaluation and, with control
+    variates, the correction ``G − base(a, B_s)`` and one addition (a lone model's SGHMC step is dominated by the
+    number of tensor calls, not by their arithmetic: 12 fewer here, session 26)."""
     T = _exact_statistics(model, block, lam)
     if history is None or stats is None:
         (only,) = model.statistics_steps(T[:, None])
@@ -236,8 +239,7 @@ def potential_gradient_steps(
     steps = model.statistics_steps(T_s)
     if correction is None:
         return lambda theta, step: -model.grad_from_step(theta, steps[step])
-    corrections = correction.unbind(1)
-    return lambda theta, step: -(model.grad_from_step(theta, steps[step]) + corrections[step])
+    return lambda theta, step: -(model.grad_from_step(theta, steps[step]) + correction(step))
 
 
 def history_gradient(
