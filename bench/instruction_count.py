@@ -3,17 +3,17 @@
     python bench/instruction_count.py [--roots /tmp/base,.] [--models 1] [--chunks 20] [--reps 2]
 
 Times on the 2-core machines these benchmarks run on drift by 1.5-2x within minutes (other tenants), so a change of
-5-10% in the engine's cost is lost in the noise of alternating timed runs (session 26: the same lone-model
-benchmark gave 12 and 18 ms per block a minute apart).  Counting the instructions the process executes is
-deterministic for a given code base and input: this script runs the workload of ``bench/many_models.py --part gmm``
-without the service (``--models`` one-component gmm models with change-point challengers, advanced together by
-``workers.segmented.advance_blocks`` from a stream's start, 5-value chunks) under ``valgrind --tool=callgrind``
-for each code base in ``--roots`` (each on ``PYTHONPATH``), twice: once with only the imports and an untimed
-warm-up run, once with ``--reps`` runs more; the difference, over ``reps · models · chunks``, is the instructions
-per model-block.  The roots run in parallel (one process each).  Instructions are not time (a cache miss costs
-more than an add), but the engine's cost on small tensors is dominated by the number of tensor calls and Python
-byte codes, which they count.  Needs valgrind (``apt-get install valgrind``); about two minutes per root for one
-model and two reps.
+5-10% in the engine's cost is lost in the noise of alternating timed runs (session 26: the same lone-model benchmark
+gave 12 and 18 ms per block a minute apart). Counting the instructions the process executes is repeatable to about
+0.2% for a given code base and input (probably Python's hash seeds): this script runs the workload of
+``bench/many_models.py --part gmm`` without the service (``--models`` one-component gmm models with change-point
+challengers, advanced together by ``workers.segmented.advance_blocks`` from a stream's start, 5-value chunks) under
+``valgrind --tool=callgrind`` for each code base in ``--roots`` (each on ``PYTHONPATH``; the workload is
+``bench/torch_calls.py``'s ``run``), twice: once with only the imports and an untimed warm-up run, once with
+``--reps`` runs more; the difference, over ``reps · models · chunks``, is the instructions per model-block. The
+roots run in parallel (one process each). Instructions are not time (a cache miss costs more than an add), but the
+engine's cost on small tensors is dominated by the number of tensor calls and Python byte codes, which they count.
+Needs valgrind (``apt-get install valgrind``); about two minutes per root for one model and two reps.
 """
 
 from __future__ import annotations
@@ -30,33 +30,21 @@ from pathlib import Path
 WORKLOAD = """
 import sys
 import torch
-from many_models import gmm_chunks, gmm_model
-from workers.changepoint import ChangepointSettings
-from workers.segmented import SegmentedEngine, advance_blocks
+from many_models import gmm_chunks
+from torch_calls import run  # the workload of bench/torch_calls.py, found in this script's folder for older roots
 
 torch.set_num_threads(1)
 models, chunks, reps = (int(v) for v in sys.argv[1:4])
-
-
-def run(data):
-    engines = []
-    for i in range(models):
-        body = gmm_model(i)
-        engines.append(SegmentedEngine.create(body["family"], body["params"], body["sampler"], ChangepointSettings()))
-    for chunk in data:
-        y = torch.tensor(chunk["y"], dtype=torch.float64)
-        advance_blocks(engines, [(None, y)] * models)
-
-
-run(gmm_chunks(chunks, seed=1))  # first-use costs (lazy imports, caches) outside the count
+run(models, gmm_chunks(chunks, seed=1))  # first-use costs (lazy imports, caches) outside the count
 for _ in range(reps):
-    run(gmm_chunks(chunks))
+    run(models, gmm_chunks(chunks))
 """
 
 
 def instructions(root: Path, models: int, chunks: int, reps: int, script: Path) -> int:
     """Instructions (callgrind's ``I refs``) of the workload with ``reps`` counted runs under ``root``'s code."""
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'bench'}", "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join([str(root), str(root / "bench"), str(Path(__file__).resolve().parent)])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run(
             [
