@@ -68,6 +68,12 @@ class Autoregressive(LinearGaussianStatistics, Family):
         (semi-conjugate), and a prior–data conflict can give the target two modes, so not claimed."""
         return self.known_noise
 
+    @property
+    def identifiable(self) -> bool:
+        """Coefficients, intercept and noise variance are each determined by the likelihood (the two modes a
+        conflict can make are not symmetric copies: the Laplace fit keeps the higher of its starts)."""
+        return True
+
     def parameter_specs(self) -> list[ParameterSpec]:
         specs = [ParameterSpec("coefficients", (self.params.order,)), ParameterSpec("intercept", ())]
         if not self.known_noise:

@@ -521,6 +521,16 @@ class Family(ABC):
         fit tries several starts."""
         return False
 
+    @property
+    def identifiable(self) -> bool:
+        """True when distinct parameter values give distinct likelihoods (no mixture labels to switch, no hidden
+        units to permute): a block posterior that its data concentrate is then one bump, which the Laplace
+        approximation at its highest mode covers, so :func:`workers.conflict.defensive_start` starts from it
+        whenever the prior draws do not already cover the block, not only on a prior–data conflict.  False (the
+        default): a model with symmetric modes (a neural network's hidden units) keeps annealing from the prior,
+        whose draws are symmetric, except on a conflict."""
+        return False
+
     def label_orbit(self, theta: torch.Tensor) -> torch.Tensor | None:
         """``theta: [M, D]`` under every permutation of the exchangeable components: ``[P, M, D]``,
         ``P = C!``, the identity first.  None when the family has no label symmetry or

@@ -85,6 +85,12 @@ class GaussianMixture(Family):
         Several components: label symmetry and local modes."""
         return self.params.components == 1
 
+    @property
+    def identifiable(self) -> bool:
+        """One component only: several have ``components!`` label modes (the defensive start symmetrises its
+        proposal over them on a conflict, :mod:`workers.conflict`)."""
+        return self.params.components == 1
+
     def observation_schema(self) -> dict[str, Any]:
         d = self.params.dim
         return {"x": None, "y": [] if d == 1 else [d], "y_type": "real", "classes": None}

@@ -173,6 +173,11 @@ class LinearRegression(CovariateSubset, LinearGaussianStatistics, Family):
         return True
 
     @property
+    def identifiable(self) -> bool:
+        """Weights, intercept and noise variance are each determined by the likelihood."""
+        return True
+
+    @property
     def quadratic(self) -> bool:  # type: ignore[override]
         return self.known_noise
 

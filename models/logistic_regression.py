@@ -43,6 +43,12 @@ class LogisticRegression(CovariateSubset, Family):
         """The softmax log-likelihood is concave in ``(W, b)`` and the Gaussian prior strictly so: one mode."""
         return True
 
+    @property
+    def identifiable(self) -> bool:
+        """No symmetric modes: the strictly concave target has one (a shift common to every class's weights is
+        pinned down by the prior)."""
+        return True
+
     def observation_schema(self) -> dict[str, Any]:
         return {**self.x_schema(), "y": [], "y_type": "label", "classes": self.params.classes}
 

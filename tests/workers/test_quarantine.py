@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import redis
+import torch
 
 from tests.conftest import SMALL_MODEL
 from tests.integration.helpers import linear_chunks
@@ -89,15 +90,19 @@ def test_budget_checks_only_while_armed():
 
 
 def test_an_overrun_aborts_the_block_inside_the_engine_and_leaves_its_state():
-    """Each clock reading advances one second: the check inside the engine (not before or after it) fires."""
+    """Each clock reading advances one second: the check inside the engine's SGHMC moves (not before or after
+    them) fires.  The block follows a first row, so it is annealed: a first block that the prior draws do not
+    cover is taken from a Laplace start in one increment without moves (workers.conflict), and its first
+    checks after the kernel come after the history has grown (the worker discards an aborted engine anyway)."""
     ticks = itertools.count()
     eng = ModelEngine(SMALL_MODEL["family"], SMALL_MODEL["params"], SMALL_MODEL["sampler"])
+    (c,) = linear_chunks(1, 21, seed=1)
+    eng.update(torch.tensor(c["x"][:1]), torch.tensor(c["y"][:1]))
     budget = Budget(5.0, clock=lambda: float(next(ticks)))
     install_budget_check(eng, budget)
-    (c,) = linear_chunks(1, 20, seed=1)
     state, observations = eng.state, eng.observations
     budget.start()
     with pytest.raises(BlockBudgetExceeded):
-        eng.update(c["x"], c["y"])
+        eng.update(c["x"][1:], c["y"][1:])
     budget.stop()
-    assert eng.state is state and eng.observations == observations and state.history.seen == 0
+    assert eng.state is state and eng.observations == observations and state.history.seen == 1
