@@ -116,7 +116,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    # what torch imports on first use (sympy; torch._dynamo with the first L-BFGS of a Laplace start: 1.5-5 s),
+    # what the first block imports (sympy; scipy.optimize for the first L-BFGS-B of a Laplace start),
     # imported up front as every worker does at start, so the first seed's first block does not time an import
     warm_lazy_imports()
     checkpoints = [m for m in (1_000, 10_000, 100_000, 1_000_000) if m <= args.n]

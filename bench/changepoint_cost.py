@@ -97,8 +97,8 @@ def main() -> None:
     args = ap.parse_args()
     settings = ChangepointSettings.model_validate(json.loads(args.cp))
     torch.set_num_threads(1)
-    # first-use costs outside the timings, as the worker does (warm_lazy_imports): torch._dynamo (~1.7 s) is
-    # imported by the first defensive start's L-BFGS (workers.conflict.laplace), in some challenger's first block
+    # first-use costs outside the timings, as the worker does (warm_lazy_imports): scipy.optimize is imported by
+    # the first defensive start's L-BFGS-B (workers.conflict.laplace), in some challenger's first block
     warm_lazy_imports()
     segmented(chunks(20, seed=1), settings)
     sgais._move = _counting_move(sgais._move)

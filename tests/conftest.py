@@ -21,7 +21,7 @@ from workers.worker.loop import warm_lazy_imports
 # different thread count may round differently, so reference runs in the tests use the same.
 torch.set_num_threads(1)
 
-# torch's first-use imports (sympy, torch._dynamo) in the main thread before any test starts a thread (a Worker
+# the first block's imports (sympy, scipy.optimize) in the main thread before any test starts a thread (a Worker
 # does this in its constructor, possibly while an earlier test's daemon thread still runs): see below.
 warm_lazy_imports()
 

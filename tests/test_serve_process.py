@@ -7,7 +7,7 @@ import sys
 
 #: Runs ``sgais serve`` with uvicorn.run replaced by a probe: is sympy loaded (the first model registration needs it,
 #: through ``torch.broadcast_shapes``) and out of the collector's view (frozen with the startup objects), and is
-#: torch._dynamo (the worker's optimiser) left out of the API process?
+#: scipy.optimize (the worker's optimiser) and torch._dynamo left out of the API process?
 PROBE = r"""
 import gc
 import sys
@@ -23,6 +23,7 @@ def probe(app, **kwargs):
     print("sympy-loaded" if loaded else "sympy-missing")
     print("frozen" if id(sympy.Symbol) not in tracked else "tracked")
     print("dynamo" if "torch._dynamo" in sys.modules else "no-dynamo")
+    print("optimiser" if "scipy.optimize" in sys.modules else "no-optimiser")
 
 
 uvicorn.run = probe
@@ -35,4 +36,4 @@ app(["serve", "--workers", "0", "--redis-url", sys.argv[1]], standalone_mode=Fal
 def test_serve_loads_and_freezes_what_the_first_registration_needs(redis_url):
     out = subprocess.run([sys.executable, "-c", PROBE, redis_url], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["sympy-loaded", "frozen", "no-dynamo"]
+    assert out.stdout.split() == ["sympy-loaded", "frozen", "no-dynamo", "no-optimiser"]

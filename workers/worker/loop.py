@@ -43,12 +43,12 @@ log = logging.getLogger("sgais.worker")
 
 
 def warm_lazy_imports(*, optimiser: bool = True) -> None:
-    """Import what torch loads on first use, before any lease is held: ``torch.broadcast_shapes`` (a
-    parameter's unconstrained shape, ``models.base``) imports sympy, and the first optimiser (the Laplace
-    start's L-BFGS, ``workers.conflict``) imports ``torch._dynamo``: 1.5–5 s together on this 2-core machine,
-    which a worker's first block otherwise spent holding its leases (a step-driven worker with a 2 s lease lost
-    them on a busy machine).  Costs 33 + 38 MB of resident memory per worker process; sympy is needed by the
-    first model anyway, ``torch._dynamo`` only once a Laplace start runs.  Idempotent (the modules stay imported).
+    """Import what the first block would otherwise import while holding leases: sympy, which
+    ``torch.broadcast_shapes`` loads on first use (a parameter's unconstrained shape, ``models.base``), and
+    ``scipy.optimize`` (the Laplace start's L-BFGS-B, ``workers.conflict``; 0.45 s here).  Until session 27 the
+    optimiser was torch's, whose first step imported ``torch._dynamo``: 1.7 s and 38 MB more per worker process;
+    with sympy 1.5–5 s on this 2-core machine, which a worker's first block spent holding its leases (a step-driven
+    worker with a 2 s lease lost them on a busy machine).  Idempotent (the modules stay imported).
 
     ``optimiser`` False: sympy only, for the API process (``sgais serve``), which validates models but runs no
     Laplace start; imported there before the collector's freeze (:func:`workers.runner.quiet_gc`), or the first
@@ -57,7 +57,7 @@ def warm_lazy_imports(*, optimiser: bool = True) -> None:
     import torch
 
     if optimiser:
-        import torch._dynamo  # noqa: F401
+        import scipy.optimize  # noqa: F401
 
     torch.broadcast_shapes((1,), (1,))
 
