@@ -38,9 +38,9 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             # small-tensor work, or request latency grows by the 5 ms default switch interval per await
             sys.setswitchinterval(0.0005)
             if settings.torch_threads:
-                import torch
+                from workers.runner import limit_threads
 
-                torch.set_num_threads(settings.torch_threads)
+                limit_threads(settings.torch_threads)
 
             for i in range(workers):
                 w = Worker(settings, stop=stop)

@@ -26,9 +26,7 @@ def main(settings: Settings | None = None) -> None:
     if not settings.redis_url:
         raise SystemExit("SGAIS_REDIS_URL (or --redis-url) is required for a standalone worker")
     if settings.torch_threads:
-        import torch
-
-        torch.set_num_threads(settings.torch_threads)
+        limit_threads(settings.torch_threads)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=WORKER_REGISTRY)
     stop = threading.Event()
@@ -38,6 +36,18 @@ def main(settings: Settings | None = None) -> None:
     worker = Worker(settings, stop=stop)  # imports what torch loads on first use (warm_lazy_imports)
     quiet_gc()
     worker.run()
+
+
+def limit_threads(n: int) -> None:
+    """Run torch's intra-op pool and the BLAS libraries numpy and scipy load (the Laplace start's L-BFGS-B,
+    ``workers.conflict``) on ``n`` threads (``torch_threads``).  Without the BLAS limit an OpenBLAS built for
+    every core spun its idle threads through each of the optimiser's tiny vector operations: the 204 Laplace fits
+    of the demo's two-component gmm took 25.0 s of CPU instead of 7.0 (session 27, ``OMP_NUM_THREADS`` unset)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(n)
+    threadpool_limits(limits=n, user_api="blas")
 
 
 def quiet_gc() -> None:
