@@ -109,6 +109,14 @@ class SgaisClient:
         except httpx.TransportError:
             return False
 
+    def live_workers(self) -> int:
+        """Workers with a fresh heartbeat (``GET /readyz``'s ``workers``; 0 when unreachable or not ready)."""
+        try:
+            r = self._http.get("/readyz")
+        except httpx.TransportError:
+            return 0
+        return int(r.json().get("workers", 0)) if r.status_code < 300 else 0
+
     def metrics(self) -> str:
         """Prometheus text of ``GET /metrics``."""
         return self._request("GET", "/metrics").text

