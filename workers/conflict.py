@@ -17,7 +17,8 @@ the best prior draws, deterministic) and its Hessian ``H`` taken at the mode ``�
 (Tierney & Kadane 1986, the Laplace approximation ``N(θ̂, H⁻¹)``). The data conflict with the prior when the
 mode lies far outside the prior draws: ``max_d |θ̂_d − median_d| / (1.4826·MAD_d) > CONFLICT_Z`` (a robust
 version of the prior-predictive location check of Evans & Moshonov 2006, §3; 1.4826·MAD is the
-normal-consistent scale). The initial particles are drawn from the defensive mixture (Hesterberg 1995,
+normal-consistent scale; for a family with symmetric modes, both the fit from the best prior draw, before the
+other starts are fitted, and the best fit). The initial particles are drawn from the defensive mixture (Hesterberg 1995,
 *Technometrics* 37, eq. 2) on such a conflict, and, for a family whose parameters are identifiable (no symmetric
 modes, :attr:`models.base.Family.identifiable`: the regressions, AR, a one-component gmm), whenever the block is
 not clear of the prior draws: annealing a block that concentrates the posterior far inside the prior's spread
@@ -259,14 +260,20 @@ def _lbfgs_mode(
 
 
 def best_laplace(
-    block: OneBlock, prior_draws: torch.Tensor, log_target: torch.Tensor, *, unimodal: bool = False
+    block: OneBlock,
+    prior_draws: torch.Tensor,
+    log_target: torch.Tensor,
+    *,
+    unimodal: bool = False,
+    wanted: Callable[[Laplace], bool] | None = None,
 ) -> Laplace | None:
     """:func:`closed_form_laplace` where the family has a closed-form mode; else :func:`laplace` from each of the
     ``LAPLACE_STARTS`` prior draws ``prior_draws: [M, D]`` with the highest
     ``log_target: [M]`` (distinct draws, best first); the fit whose mode has the highest log target, or None when
     none could be formed.  One start found a poor local mode of bench/reference.py's 5-component gmm (seed 5, the
     first block 208 nats low with status ``ok``, every later block trapped there).  ``unimodal``: the target has
-    one mode (:attr:`models.base.Family.unimodal`), so the first fit that succeeds is it."""
+    one mode (:attr:`models.base.Family.unimodal`), so the first fit that succeeds is it.  ``wanted``: asked of the
+    first fit that succeeds; when it answers False no fit is wanted (None, the other starts not fitted)."""
     closed = closed_form_laplace(block)
     if closed is not None:  # the block posterior's (highest) maximum, closed_form_mode
         return closed
@@ -279,6 +286,8 @@ def best_laplace(
         lap = laplace(block, prior_draws[i])
         if lap is None:
             continue
+        if best is None and wanted is not None and not wanted(lap):
+            return None
         if unimodal:
             return lap
         with torch.no_grad():
@@ -347,8 +356,16 @@ def defensive_start(
         ll = torch.nan_to_num(block.family.log_likelihood(theta64, block.x, block.y).sum(-1)[0], nan=-math.inf)
         lt = block.family.log_prior(theta64)[0] + ll
     lt = torch.nan_to_num(lt, nan=-math.inf)
-    lap = best_laplace(block, prior_draws, lt, unimodal=family.unimodal)
-    if lap is None or (not family.identifiable and robust_z(prior_draws, lap.mode) <= CONFLICT_Z):
+
+    # a family with symmetric modes takes the start only on a conflict: decided from the fit of the best prior
+    # draw before the other starts are fitted (four L-BFGS-B fits, of which a conflict test then discarded all, were
+    # a fifth of the demo's two-component gmm), and confirmed on the best of them
+    def conflicts(lap: Laplace) -> bool:
+        return robust_z(prior_draws, lap.mode) > CONFLICT_Z
+
+    wanted = None if family.identifiable else conflicts
+    lap = best_laplace(block, prior_draws, lt, unimodal=family.unimodal, wanted=wanted)
+    if lap is None or (not family.identifiable and not conflicts(lap)):
         return None
     gauss = torch.distributions.MultivariateNormal(lap.mode, scale_tril=PROPOSAL_INFLATION * lap.scale_tril)
     u = torch.rand(M, generator=generator, dtype=torch.float64, device=prior_draws.device)
