@@ -44,11 +44,12 @@ def test_a_worker_runs_torch_and_blas_on_its_thread_budget():
     """``workers.runner.limit_threads`` (every worker process, ``torch_threads``): torch's pool and the BLAS that
     numpy and scipy load (the Laplace fits' L-BFGS-B) on one thread; an unlimited OpenBLAS spun its idle threads
     through the optimiser's small vector operations (3.6x the fits' CPU, session 27)."""
-    probe = (
-        "import numpy, scipy.optimize, torch\n"
+    probe = (  # scipy.optimize imported after the limit, as a worker's warm_lazy_imports does
+        "import torch\n"
         "from threadpoolctl import threadpool_info\n"
         "from workers.runner import limit_threads\n"
         "limit_threads(1)\n"
+        "import scipy.optimize\n"
         "blas = {i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}\n"
         "print(torch.get_num_threads(), sorted(blas))\n"
     )

@@ -43,6 +43,7 @@ def limit_threads(n: int) -> None:
     ``workers.conflict``) on ``n`` threads (``torch_threads``).  Without the BLAS limit an OpenBLAS built for
     every core spun its idle threads through each of the optimiser's tiny vector operations: the 204 Laplace fits
     of the demo's two-component gmm took 25.0 s of CPU instead of 7.0 (session 27, ``OMP_NUM_THREADS`` unset)."""
+    import scipy.optimize  # noqa: F401  (loads scipy's BLAS: a limit reaches only the libraries loaded already)
     import torch
     from threadpoolctl import threadpool_limits
 
