@@ -40,6 +40,19 @@ def exact(z: np.ndarray, key: str, bounds: list[int]) -> float:
     return sum(autoregressive_unknown_noise_log_evidence(z[max(a - p, 0) : b], p) for a, b in pairs)
 
 
+def run_model(key: str, values: np.ndarray, sampler: dict) -> tuple[SegmentedEngine, list[int]]:
+    """Demo model ``key`` on a standardised series as the worker runs it (chunks of ``CHUNK``, blocks by
+    :func:`workers.engine.block_bounds`): the engine at the end and the stream indices of its change points."""
+    eng = SegmentedEngine.create(*MODELS[key], sampler, ChangepointSettings())
+    found: list[int] = []
+    for a in range(0, len(values), CHUNK):
+        _, y = eng.family.validate(None, [float(v) for v in values[a : a + CHUNK]])
+        for s, e in block_bounds(eng.observations, int(y.shape[0]), eng.settings.block_size):
+            eng.update(None, y[s:e], validated=True)
+        found += [al["observation_index"] for al in eng.take_alerts()]
+    return eng, found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sampler", default="{}", help="overrides of the demo's sampler (JSON)")
@@ -51,13 +64,7 @@ def main() -> None:
     for name in SERIES:
         z = np.asarray(load_series(name).standardised()[:, 0], float)
         for key in ("ar1", "ar2", "gmm1"):
-            eng = SegmentedEngine.create(*MODELS[key], sampler, ChangepointSettings())
-            found: list[int] = []
-            for a in range(0, len(z), CHUNK):
-                _, y = eng.family.validate(None, [float(v) for v in z[a : a + CHUNK]])
-                for s, e in block_bounds(eng.observations, int(y.shape[0]), eng.settings.block_size):
-                    eng.update(None, y[s:e], validated=True)
-                found += [al["observation_index"] for al in eng.take_alerts()]
+            eng, found = run_model(key, z, sampler)
             err = eng.log_evidence - exact(z, key, [0, *found, len(z)])
             status = "degraded" if eng.degraded else "ok"
             rows.append((name, key, status, err, eng.log_evidence_se))

@@ -2,8 +2,8 @@
 
 ``sgais demo``'s wall time on these 2-core machines depends on the machine's load and on how its 28 models are shared
 between the two workers. This script runs the same 28 models (``service.demo.MODELS`` on the seven series, the demo's
-sampler, chunks of 50 through :func:`workers.engine.block_bounds`) on :class:`workers.segmented.SegmentedEngine` in
-one process, one model after the other, with a worker's thread settings (:func:`workers.runner.limit_threads`), its
+sampler, chunks of 50: ``bench/demo_exact.py``'s ``run_model``) on :class:`workers.segmented.SegmentedEngine` in one
+process, one model after the other, with a worker's thread settings (:func:`workers.runner.limit_threads`), its
 imports done first and its collector settings (:func:`workers.runner.quiet_gc`). It prints the process CPU seconds in
 all and per model kind. Run two code bases alternately (``PYTHONPATH=<root> python bench/demo_workload.py``) to
 compare them on a noisy machine.
@@ -21,22 +21,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from demo_exact import run_model  # noqa: E402
+
 from service.datasets import SERIES, load_series  # noqa: E402
-from service.demo import CHUNK, MODELS, SAMPLER  # noqa: E402
-from workers.changepoint import ChangepointSettings  # noqa: E402
-from workers.engine import block_bounds  # noqa: E402
+from service.demo import MODELS, SAMPLER  # noqa: E402
 from workers.runner import limit_threads, quiet_gc  # noqa: E402
-from workers.segmented import SegmentedEngine  # noqa: E402
 from workers.worker.loop import warm_lazy_imports  # noqa: E402
-
-
-def run_model(key: str, values: np.ndarray) -> None:
-    """One demo model on one standardised series, posted in chunks of ``CHUNK`` as the demo does."""
-    eng = SegmentedEngine.create(*MODELS[key], SAMPLER, ChangepointSettings())
-    for a in range(0, len(values), CHUNK):
-        _, y = eng.family.validate(None, [float(v) for v in values[a : a + CHUNK]])
-        for s, e in block_bounds(eng.observations, int(y.shape[0]), eng.settings.block_size):
-            eng.update(None, y[s:e], validated=True)
 
 
 def main() -> None:
@@ -49,7 +39,7 @@ def main() -> None:
     for key in MODELS:
         t = time.process_time()
         for values in series.values():
-            run_model(key, values)
+            run_model(key, values, SAMPLER)
         per_kind[key] = time.process_time() - t
     kinds = ", ".join(f"{k} {v:.1f}" for k, v in per_kind.items())
     print(f"the demo's {len(MODELS) * len(series)} models: {time.process_time() - start:.1f} s of CPU ({kinds})")

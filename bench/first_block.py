@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from models.conjugate import autoregressive_unknown_noise_log_evidence, gmm_one_component_log_evidence  # noqa: E402
+from demo_exact import exact  # noqa: E402
+
 from service.datasets import load_series  # noqa: E402
 from service.demo import MODELS, SAMPLER  # noqa: E402
 from workers.engine import ModelEngine  # noqa: E402
@@ -47,10 +48,7 @@ def main() -> None:
         ap.error(f"--start must be at least the AR order ({p}): the values before it are conditioned on")
     z = np.asarray(load_series(args.series).standardised()[:, 0], float)
     values = z[args.start - p : args.stop]
-    if p:
-        exact = autoregressive_unknown_noise_log_evidence(values, p)
-    else:
-        exact = gmm_one_component_log_evidence(values)
+    exact_log_z = exact(values, args.model, [0, len(values)])  # an AR(p) conditioned on the first p values
     errors = []
     for seed in range(args.seeds):
         eng = ModelEngine(*MODELS[args.model], sampler={**SAMPLER, "seed": seed, **json.loads(args.sampler)})
@@ -58,7 +56,7 @@ def main() -> None:
             eng.update(None, torch.tensor(values[:p]))  # the conditioning values
         for a in range(p, len(values), args.block):
             eng.update(None, torch.tensor(values[a : a + args.block]))
-        err = eng.log_evidence - exact
+        err = eng.log_evidence - exact_log_z
         errors.append(err)
         status = "degraded" if eng.degraded else "ok"
         print(f"seed {seed}: error {err:+8.2f} nats, SE {eng.log_evidence_se:.2f}, {status}")
