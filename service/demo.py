@@ -41,8 +41,10 @@ MODELS = {
     "gmm2": ("gmm", {"dim": 1, "components": 2}),
 }
 QUICK = (["UKCoalEmploy"], ["ar1", "gmm1"])
-# learning_rate 0.02: the default 0.1 lets SGHMC diverge on AR(1) posteriors of near-unit-root series
-SAMPLER = {"block_size": 50, "particles": 10, "burn_in": 10, "batch_size": 100, "learning_rate": 0.02, "seed": 0}
+# the default learning rate (0.1): with 0.02 (sessions 3-27, when 0.1 diverged on near-unit-root AR(1) posteriors,
+# since cured by the preconditioners) the moves lagged the warm-up's posteriors and, with the extra moves that now
+# follow a lag (workers.sgais._catch_up), most AR models were flagged: python bench/demo_exact.py, bench/README.md
+SAMPLER = {"block_size": 50, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": 0}
 QUICK_SAMPLER = {**SAMPLER, "block_size": 10}  # the quick series has 105 observations
 CHUNK = 50  # observations per posted chunk
 REPORT_SECONDS = 8.0  # kept for the plots and the summary at the end of the time limit (measured 3-6 s quiet)

@@ -170,7 +170,7 @@ def potential_gradient(
     ``g(θ, ·)`` (plus one at the anchors with control variates).
     """
     if model.sufficient_statistics:
-        T = _exact_statistics(model, block, lam)
+        T = exact_statistics(model, block, lam)
 
         def grad_u_folded(theta: torch.Tensor, batch: Batch | None) -> torch.Tensor:
             if history is not None and batch is not None:
@@ -204,7 +204,7 @@ def potential_gradient(
     return grad_u
 
 
-def _exact_statistics(model: StackedFamily, block: Batch, lam: torch.Tensor) -> torch.Tensor:
+def exact_statistics(model: StackedFamily, block: Batch, lam: torch.Tensor) -> torch.Tensor:
     """``T = T0 + λ T_C: [K, P]``, the prior's pseudo-statistics and the tempered block's (``sufficient_statistics``
     families)."""
     assert block.y is not None
@@ -231,7 +231,7 @@ def potential_gradient_steps(
     (:meth:`~models.stack.StackedFamily.statistics_steps`); a step is one gradient evaluation and, with control
     variates, the correction ``G − base(a, B_s)`` and one addition (a lone model's SGHMC step is dominated by the
     number of tensor calls, not by their arithmetic: 12 fewer here, session 26)."""
-    T = _exact_statistics(model, block, lam)
+    T = exact_statistics(model, block, lam)
     if history is None or stats is None:
         (only,) = model.statistics_steps(T[:, None])
         return lambda theta, step: -model.grad_from_step(theta, only)

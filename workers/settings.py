@@ -52,6 +52,14 @@ class SamplerSettings(BaseModel):
     )
     momentum_decay: float = Field(0.2, gt=0, le=1, description="α, the SGHMC friction (eq. 2.53)")
     burn_in: int = Field(20, ge=0, le=10_000, description="SGHMC steps per annealing step")
+    catch_up_moves: int = Field(
+        4,
+        ge=0,
+        le=100,
+        description="in the warm-up, up to this many extra rounds of burn_in SGHMC moves after an annealing step "
+        "whose particles lag its tempered target (Stein's identity against the exact score over the whole history: "
+        "workers.sgais.lagging); 0 = off",
+    )
     moves: Literal["adaptive", "every_step"] = Field(
         "adaptive",
         description="every_step: burn_in SGHMC moves after every annealing step (thesis Alg. 8); adaptive: a "

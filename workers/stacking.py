@@ -65,6 +65,7 @@ PER_MODEL_SETTINGS = frozenset(
         "ess_target",
         "resample_threshold",
         "burn_in",
+        "catch_up_moves",
         "change_burn_in",
         "reanneal_steps",
         "reanneal_growth",
@@ -100,6 +101,14 @@ VARIANCE_SLACK = 4.0
 GUARD_REASON = (
     "a block needed more than max_annealing_steps = {} annealing steps; the rest of its likelihood was "
     "taken in one increment, so the evidence is not certified"
+)
+#: The model's status reason when the particles of some annealing step still lagged its tempered target after
+#: ``catch_up_moves`` extra rounds of moves (:func:`workers.sgais._catch_up`): the next increments were weighted at
+#: particles off the target, so ``log Ẑ`` may be biased beyond its error bar, which assumes perfect mixing.
+LAG_REASON = (
+    "the particles still lagged the tempered target (Stein's identity, workers.sgais.lagging) after {} extra "
+    "rounds of moves in {} of the block's {} annealing steps; the evidence is not certified (more burn_in or a "
+    "larger learning_rate helps)"
 )
 #: The model's status reason once a reservoir (``history_capacity``) holds fewer rows than were seen: the
 #: mini-batch gradients then follow a subsample and the evidence is biased beyond its Monte Carlo error
@@ -224,6 +233,7 @@ class _Pending(NamedTuple):
     variance_slack: float
     raw: int = 0  # stream values in the block (rows plus values taken into the context)
     one_step: bool = False  # a defensive start (workers.conflict): the block's likelihood in one increment
+    catch_up: int = 0  # extra rounds of moves while the particles lag (workers.sgais._catch_up): the warm-up's
 
 
 def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], heartbeat: Heartbeat) -> list[Any]:
@@ -347,8 +357,14 @@ def _before_block(
     elif s.change_burn_in is not None and n_prev < s.warmup_observations:
         burn_in = max(burn_in, min(s.change_burn_in, warmup_burn_in(burn_in, st.theta.shape[-1])))
     fisher = s.preconditioning and s.fisher_step_growth > 1 and n_prev >= s.warmup_observations
-    slack = WARMUP_VARIANCE_SLACK if n_prev < s.warmup_observations else VARIANCE_SLACK
-    return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step)
+    warmup = n_prev < s.warmup_observations
+    slack = WARMUP_VARIANCE_SLACK if warmup else VARIANCE_SLACK
+    # the lag check's exact score is a pass over the whole history: in the warm-up, like the score check; a model
+    # already degraded (e.g. moves that do not mix at their step size: every round would be spent) takes none, nor
+    # a mixture (its particles spread over the label modes: the moves do not carry them between modes)
+    mixture = m.family.exchangeable_parameters()
+    catch_up = s.catch_up_moves if warmup and history.size == n_prev and st.degraded is None and not mixture else 0
+    return _Pending(i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step, catch_up=catch_up)
 
 
 def warmup_burn_in(burn_in: int, dim: int) -> int:
@@ -410,6 +426,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         resample_threshold=per_model("resample_threshold"),
         burn_in=torch.tensor([p.burn_in for p in group], device=device),
         variance_slack=torch.tensor([p.variance_slack for p in group], **f64),
+        catch_up=torch.tensor([p.catch_up for p in group], device=device),
         max_annealing_steps=s0.max_annealing_steps,
         move_every_step=s0.moves == "every_step",
         annealed_schedule=s0.learning_rate_schedule == "annealed",
@@ -455,6 +472,8 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         )  # fmt: skip
         if stats.guard_tripped[k] and st.degraded is None:
             st = st._replace(degraded=GUARD_REASON.format(s0.max_annealing_steps))
+        if stats.behind[k] and st.degraded is None:
+            st = st._replace(degraded=LAG_REASON.format(p.catch_up, stats.behind[k], stats.annealing_steps[k]))
         old_log_z, log_z = old.log_evidence, st.log_evidence
         log_predictive = log_z - old_log_z
         try:
