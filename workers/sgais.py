@@ -650,9 +650,9 @@ def _catch_up(
         rows = check.nonzero()[:, 0]
         if not rows.numel():
             return theta, velocity, made, behind
-        lag, far = lagging(theta[rows], log_w[rows], tempered_score(block.select(rows), theta[rows], lam[rows]))
+        lag = lagging(theta[rows], log_w[rows], tempered_score(block.select(rows), theta[rows], lam[rows]))
         more = lag & (made[rows] < rounds[rows])
-        behind[rows] = far & ~more
+        behind[rows] = lag & ~more
         check[rows] = more
         rows = rows[more]
         if not rows.numel():
@@ -668,25 +668,22 @@ def _catch_up(
 
 #: :func:`lagging`'s limits: the particles' scores point one way beyond ``LAG_T`` standard errors (``|t_d|·√ESS``,
 #: about ``|N(0, 1)|`` under the target), or they spread ``LAG_C`` times the target's variance (``c_d``, 1 under the
-#: target); the lag is material when their mean also sits ``LAG_Z`` target sds off (``|δ_d|``).  A false alarm
-#: costs only moves.  SGHMC's own stationary bias (no Metropolis correction, mini-batch noise) can keep a
-#: population a few tenths of a sd off at any number of moves: 50 particles see 0.42 sd at 3 standard errors, so
-#: only a material lag left after the extra moves flags the block (a gmm at data around 300, seed 1, was flagged
-#: at −0.45 nats, SE 0.25, before that distinction).
-LAG_T, LAG_Z, LAG_C = 3.0, 1.0, 4.0
+#: target).  A false alarm costs moves, and a lag left after the extra moves flags the block.  SGHMC's own
+#: stationary bias (no Metropolis correction, mini-batch noise) can keep a population a few tenths of a sd off at
+#: any number of moves (50 particles see 0.42 sd at 3 standard errors): such a block is flagged although its
+#: error may be small (a gmm at data around 300, seed 1: −0.45 nats, SE 0.25).  Flagging only a lag beyond 1 sd
+#: (``|δ_d| > 1``) left two of the demo's AR(2) models 4.7 and 5.7 SE low with status ok (``python
+#: bench/demo_exact.py``): a false flag is the lesser error.
+LAG_T, LAG_C = 3.0, 4.0
 
 
-def lagging(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lag: [K] bool, material: [K] bool)``: the weighted particles ``theta: [K, M, D]``, ``log_w: [K, M]`` lag the
-    target whose score ``∇ log π(θ_i)`` is ``score: [K, M, D]``, by Stein's identity
-    (:func:`workers.conflict.score_offsets`: ``δ_d`` the offset of the particles' mean in target sds, ``c_d`` their
+def lagging(theta: torch.Tensor, log_w: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+    """``[K]`` bool: the weighted particles ``theta: [K, M, D]``, ``log_w: [K, M]`` lag the target whose score
+    ``∇ log π(θ_i)`` is ``score: [K, M, D]``, by Stein's identity (:func:`workers.conflict.score_offsets`: ``c_d`` their
     variance over the target's, ``t_d = s_d/rms_d`` how one-sided the scores are): in some coordinate
-    ``|t_d|·√ESS > LAG_T`` or ``c_d > LAG_C``; material: ``|t_d|·√ESS > LAG_T`` with ``|δ_d| > LAG_Z`` (or ``c_d ≤ 0``,
-    not measurable), or ``c_d > LAG_C``.  Not finite: False (the kernel's guards report it)."""
-    delta, c, t = score_offsets(theta, log_w, score)
-    off = t.abs() * torch.sqrt(ess(log_w))[:, None] > LAG_T
-    wide = c > LAG_C
-    return (off | wide).any(-1), ((off & ((c <= 0) | (delta.abs() > LAG_Z))) | wide).any(-1)
+    ``|t_d|·√ESS > LAG_T`` or ``c_d > LAG_C``.  Not finite: False (the kernel's guards report it)."""
+    _, c, t = score_offsets(theta, log_w, score)
+    return ((t.abs() * torch.sqrt(ess(log_w))[:, None] > LAG_T) | (c > LAG_C)).any(-1)
 
 
 def tempered_score(block: StackBlock, theta: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ def _gaussian(offset: float, spread: float, seed: int) -> bool:
     """Whether 50 equally weighted particles drawn from N(offset, spread²) in 3 coordinates lag N(0, I)."""
     g = torch.Generator().manual_seed(seed)
     theta = offset + spread * torch.randn(1, 50, 3, generator=g, dtype=D64)
-    return bool(lagging(theta, torch.zeros(1, 50, dtype=D64), -theta)[0][0])  # the score of N(0, I) is -θ
+    return bool(lagging(theta, torch.zeros(1, 50, dtype=D64), -theta)[0])  # the score of N(0, I) is -θ
 
 
 def test_lagging_sees_an_offset_or_a_wide_cloud_and_rarely_draws_from_the_target() -> None:
