@@ -77,16 +77,12 @@ class StreamPosteriors:
                 return
             state = self.state(h)  # another worker moved the leader record first: re-read
 
-    def compute(
+    def _model_states(
         self, h: Held, state: StreamState, rows: list[dict[str, Any]]
-    ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any] | None]:
-        """Stream posterior at ``state.count``: (event body, or None if the count went down; leader record;
-        ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above).
-        The body is :func:`workers.store.records.stream_posterior`, as the API computes it (every model scored
-        on the observations after the stream's largest context, ``conditioned_on``); the leader changes by
-        :func:`workers.comparison.switch_leader` (margin and hysteresis)."""
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any] | None]]:
+        """Each model's :func:`workers.store.records.model_state` (with the reason of a failed or degraded model, as
+        ``GET /v1/streams/{stream}/posterior`` gives it) and its trace row ending at ``state.count`` (or None)."""
         t, count = h.tenant, state.count
-        r, keys = self.scripts.r, self.scripts.keys
         names = {m for m, *_ in state.models}
         cached = self._configs.setdefault((t, h.stream), {})
         self._known.pop((t, h.stream), None)
@@ -100,16 +96,32 @@ class StreamPosteriors:
             conf = h.cfg if m == h.name else cached[m]
             states[m] = records.model_state(conf, obs, status, None, context=self._context(t, m, conf))
             rows_n[m] = records.trace_row_at([raw_row], count) if raw_row else None
+        own = getattr(h.engine, "degraded", None)  # the script read h's status before this commit wrote it
+        if h.name in states and h.engine is not None:
+            states[h.name].update(status="degraded" if own else "ok", error=own or None)
         for row in rows:
             if row["observations"] == count:
                 rows_n[h.name] = row
-        failed = [m for m in states if states[m]["status"] == "error"]
-        if failed:
-            pipe = r.pipeline(transaction=False)
-            for m in failed:
-                pipe.hget(keys.checkpoint(t, m), "error")
-            for m, err in zip(failed, pipe.execute(), strict=True):
+        flagged = [m for m in states if states[m]["status"] in ("error", "degraded") and m != h.name]
+        if flagged:
+            pipe = self.scripts.r.pipeline(transaction=False)
+            for m in flagged:
+                pipe.hget(self.scripts.keys.checkpoint(t, m), "error")
+            for m, err in zip(flagged, pipe.execute(), strict=True):
                 states[m]["error"] = err.decode() if err else None
+        return states, rows_n
+
+    def compute(
+        self, h: Held, state: StreamState, rows: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any] | None]:
+        """Stream posterior at ``state.count``: (event body, or None if the count went down; leader record;
+        ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above).
+        The body is :func:`workers.store.records.stream_posterior`, as the API computes it (every model scored
+        on the observations after the stream's largest context, ``conditioned_on``); the leader changes by
+        :func:`workers.comparison.switch_leader` (margin and hysteresis)."""
+        t, count = h.tenant, state.count
+        r, keys = self.scripts.r, self.scripts.keys
+        states, rows_n = self._model_states(h, state, rows)
         scored = [m for m in states if states[m]["status"] != "error" and rows_n.get(m) is not None]
         conditioned_on = comparison.stream_context([st["context"] for st in states.values()])
         rows_c: dict[str, dict | None] = {}
