@@ -97,6 +97,39 @@ def test_stream_posterior_events_and_model_switch(api, settings, r):
     assert leader == {"model": "a", "observations": 600}
 
 
+def test_posterior_events_carry_each_models_current_status_and_reason(settings, r):
+    """Model "d" keeps a reservoir of 100 rows (``history_capacity``): its first block of 300 makes it
+    ``degraded`` (workers.stacking.RESERVOIR_REASON).  Every ``posterior`` event gives each model the status and
+    reason that ``GET /v1/streams/{stream}/posterior`` gives at the same count: the worker once built the event
+    from the stream state its commit script read before writing the committing model's checkpoint (a stale status)
+    and without the degraded models' reasons."""
+    sampler = {**SMALL_MODEL["sampler"], "block_size": 300}
+    models = {
+        "c": {**SMALL_MODEL, "sampler": sampler},
+        "d": {**SMALL_MODEL, "sampler": {**sampler, "history_capacity": 100}},
+    }
+    with api_with_models(settings, models) as api:
+        for c in linear_chunks(2, 300, seed=8):
+            assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
+        pubsub = r.pubsub()
+        pubsub.subscribe(Keys(settings.key_prefix).events("default", "s"))
+        pubsub.get_message(timeout=5)  # the subscription confirmation
+        run_until_idle(Worker(settings))
+        events = []
+        while (msg := pubsub.get_message(timeout=1)) is not None:
+            events.append(json.loads(msg["data"]))
+        pubsub.close()
+        posteriors = [e for e in events if e["type"] == "posterior"]
+        assert [p["observations"] for p in posteriors] == [0, 300, 600]
+        reason = api.get("/v1/models/d/evidence").json()["error"]
+        assert reason is not None and "reservoir" in reason
+        for p in posteriors[1:]:  # each model has absorbed the block that degraded "d"
+            got = {m["model"]: (m["status"], m["error"]) for m in p["models"]}
+            assert got == {"c": ("ok", None), "d": ("degraded", reason)}, p["observations"]
+        final = api.get("/v1/streams/s/posterior").json()
+        assert {k: posteriors[-1][k] for k in final} == final
+
+
 def test_next_holder_completes_an_interrupted_stream_posterior_update(api, settings, r, monkeypatch):
     chunks = linear_chunks(2, 300, seed=9)
     for c in chunks:
