@@ -368,22 +368,25 @@ def tempered_step(
             variance=posterior_var, correlated=correlated,
         )  # fmt: skip
         moves = []
-    # the models that stay put do no arithmetic, and the others move in sub-stacks of one burn-in each: in one stack a
-    # challenger's 10 moves would ride along, masked, for the main populations' 20 (workers.segmented)
-    for c in moves:
-        rows = (burn == c).nonzero()[:, 0]
+
+    def move(rows: torch.Tensor, theta: torch.Tensor, velocity: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's moves for the models at ``rows`` alone; the others keep their particles and velocities."""
         th, v = _move(
             block.select(rows), theta[rows], velocity[rows], anchor[rows], anchor_grad[rows], lam=lam[rows],
             step_size=step_size[rows], burn=burn[rows], log_w=log_w[rows], variance=posterior_var[rows],
             correlated=None if correlated is None else correlated[rows],
         )  # fmt: skip
-        theta, velocity = theta.index_copy(0, rows, th), velocity.index_copy(0, rows, v)
+        return theta.index_copy(0, rows, th), velocity.index_copy(0, rows, v)
+
+    # the models that stay put do no arithmetic, and the others move in sub-stacks of one burn-in each: in one stack a
+    # challenger's 10 moves would ride along, masked, for the main populations' 20 (workers.segmented)
+    for c in moves:
+        theta, velocity = move((burn == c).nonzero()[:, 0], theta, velocity)
     catch_up = torch.where((burn > 0) & ~failed, s.catch_up, 0)
     if bool((catch_up > 0).any()):
         theta, velocity, rounds, behind = _catch_up(
-            block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
-            variance=posterior_var, correlated=correlated, rounds=catch_up,
-        )  # fmt: skip
+            block, theta, velocity, lam=lam, log_w=log_w, rounds=catch_up, move=move
+        )
     else:
         rounds, behind = torch.zeros_like(catch_up), torch.zeros_like(failed)
     failed |= ~torch.isfinite(theta).all(-1).all(-1) | (theta.abs().amax((1, 2)) > DIVERGED)
@@ -618,18 +621,14 @@ def _catch_up(
     block: StackBlock,
     theta: torch.Tensor,
     velocity: torch.Tensor,
-    anchor: torch.Tensor,
-    anchor_grad: torch.Tensor,
     *,
     lam: torch.Tensor,
-    step_size: torch.Tensor,
-    burn: torch.Tensor,
     log_w: torch.Tensor,
-    variance: torch.Tensor,
-    correlated: torch.Tensor | None,
     rounds: torch.Tensor,
+    move: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Extra rounds of ``burn`` SGHMC moves (:func:`_move`, the step's sizes) for the models whose moved particles
+    """Extra rounds of the step's moves (``move(rows, theta, velocity)``: :func:`_move` for those models, with the
+    step's sizes and burn-ins, into the full stack's tensors) for the models whose moved particles
     still lag the tempered target at ``lam`` (:func:`lagging`), at most ``rounds: [K]`` each, re-checked after
     each round → ``(theta, velocity, rounds made: [K] int64, behind: [K] bool)``, ``behind`` where the particles
     still lag after all their rounds (the block is then not certified: :data:`workers.stacking.LAG_REASON`).
@@ -657,12 +656,7 @@ def _catch_up(
         rows = rows[more]
         if not rows.numel():
             return theta, velocity, made, behind
-        th, v = _move(
-            block.select(rows), theta[rows], velocity[rows], anchor[rows], anchor_grad[rows], lam=lam[rows],
-            step_size=step_size[rows], burn=burn[rows], log_w=log_w[rows], variance=variance[rows],
-            correlated=None if correlated is None else correlated[rows],
-        )  # fmt: skip
-        theta, velocity = theta.index_copy(0, rows, th), velocity.index_copy(0, rows, v)
+        theta, velocity = move(rows, theta, velocity)
         made[rows] += 1
 
 

@@ -60,9 +60,9 @@ def test_commit_after_the_lease_was_lost_writes_nothing(api, settings, r):
     assert tenant_dump(r, settings) == before
 
 
-def test_stream_posterior_events_and_model_switch(api, settings, r):
-    chunks = linear_chunks(2, 300, seed=8)
-    for c in chunks:
+def _events_of_two_chunks(api, settings, r: redis.Redis) -> list[dict]:
+    """Post two 300-row chunks to stream "s", run a worker until idle; the stream's events, in order."""
+    for c in linear_chunks(2, 300, seed=8):
         assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
     pubsub = r.pubsub()
     pubsub.subscribe(Keys(settings.key_prefix).events("default", "s"))
@@ -72,6 +72,11 @@ def test_stream_posterior_events_and_model_switch(api, settings, r):
     while (msg := pubsub.get_message(timeout=1)) is not None:
         events.append(json.loads(msg["data"]))
     pubsub.close()
+    return events
+
+
+def test_stream_posterior_events_and_model_switch(api, settings, r):
+    events = _events_of_two_chunks(api, settings, r)
 
     evidence = sorted(
         (e["model"], e["chunks_processed"], e["chunks_pending"]) for e in events if e["type"] == "evidence"
@@ -109,16 +114,7 @@ def test_posterior_events_carry_each_models_current_status_and_reason(settings, 
         "d": {**SMALL_MODEL, "sampler": {**sampler, "history_capacity": 100}},
     }
     with api_with_models(settings, models) as api:
-        for c in linear_chunks(2, 300, seed=8):
-            assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
-        pubsub = r.pubsub()
-        pubsub.subscribe(Keys(settings.key_prefix).events("default", "s"))
-        pubsub.get_message(timeout=5)  # the subscription confirmation
-        run_until_idle(Worker(settings))
-        events = []
-        while (msg := pubsub.get_message(timeout=1)) is not None:
-            events.append(json.loads(msg["data"]))
-        pubsub.close()
+        events = _events_of_two_chunks(api, settings, r)
         posteriors = [e for e in events if e["type"] == "posterior"]
         assert [p["observations"] for p in posteriors] == [0, 300, 600]
         reason = api.get("/v1/models/d/evidence").json()["error"]
