@@ -183,8 +183,7 @@ class StepInfo(NamedTuple):
     ess: torch.Tensor  # float64 ESS of the full weights after the reweighting, in particles
     resampled: torch.Tensor  # bool
     failed: torch.Tensor  # bool: NaN/inf weights or diverged particles (the model's block is void)
-    catch_up: torch.Tensor  # int64: extra rounds of burn_in moves while the particles lagged (:func:`_catch_up`)
-    behind: torch.Tensor  # bool: the particles still lagged after them
+    behind: torch.Tensor  # bool: the particles still lagged after their extra rounds of moves (:func:`_catch_up`)
 
 
 class BlockStats(NamedTuple):
@@ -194,8 +193,7 @@ class BlockStats(NamedTuple):
     resampled: list[bool]
     guard_tripped: list[bool]  # max_annealing_steps reached; the rest of the block was taken in one step
     error: list[str | None]  # why the model's block failed (its state must not be used), or None
-    catch_up: list[int]  # extra rounds of moves over the block's annealing steps (:func:`_catch_up`)
-    behind: list[int]  # annealing steps whose particles still lagged after their extra rounds
+    behind: list[int]  # annealing steps whose particles still lagged after their extra rounds (:func:`_catch_up`)
     # ``log p(y_b | θ_m): [K, M, B]`` at the particles before the block (the first annealing step's rows, before
     # their sum): the one-step predictive rows that :func:`workers.segmented._locate` reads
     first_rows: torch.Tensor | None = None
@@ -281,7 +279,7 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
     dev = state.log_w.device
     lam, steps = torch.zeros(K, dtype=torch.float64, device=dev), torch.zeros(K, dtype=torch.long, device=dev)
     resampled, tripped, failed = (torch.zeros(K, dtype=torch.bool, device=dev) for _ in range(3))
-    catch_up, behind = torch.zeros(K, dtype=torch.long, device=dev), torch.zeros(K, dtype=torch.long, device=dev)
+    behind = torch.zeros(K, dtype=torch.long, device=dev)
     errors: list[str | None] = [None] * K
     active = torch.arange(K, device=dev)
     first_rows: torch.Tensor | None = None
@@ -311,16 +309,13 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
         state = sub if full else state.put(active, sub)
         lam[active], steps[active] = lam_new, steps[active] + 1
         resampled[active] |= info.resampled
-        catch_up[active] += info.catch_up
         behind[active] += info.behind
         tripped[active] |= trip
         for k in active[info.failed & ~bad].tolist():
             errors[k] = "log-weights became NaN or all -inf, or SGHMC diverged (particles at NaN/inf or beyond 1e12)"
         failed[active] |= info.failed | bad
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]
-    return state, BlockStats(
-        steps.tolist(), resampled.tolist(), tripped.tolist(), errors, catch_up.tolist(), behind.tolist(), first_rows
-    )
+    return state, BlockStats(steps.tolist(), resampled.tolist(), tripped.tolist(), errors, behind.tolist(), first_rows)
 
 
 def tempered_step(
@@ -384,14 +379,12 @@ def tempered_step(
         theta, velocity = move((burn == c).nonzero()[:, 0], theta, velocity)
     catch_up = torch.where((burn > 0) & ~failed, s.catch_up, 0)
     if bool((catch_up > 0).any()):
-        theta, velocity, rounds, behind = _catch_up(
-            block, theta, velocity, lam=lam, log_w=log_w, rounds=catch_up, move=move
-        )
+        theta, velocity, behind = _catch_up(block, theta, velocity, lam=lam, log_w=log_w, rounds=catch_up, move=move)
     else:
-        rounds, behind = torch.zeros_like(catch_up), torch.zeros_like(failed)
+        behind = torch.zeros_like(failed)
     failed |= ~torch.isfinite(theta).all(-1).all(-1) | (theta.abs().amax((1, 2)) > DIVERGED)
     new = StackState(theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)
-    return new, StepInfo(delta, ess_now, resample, failed, rounds, behind)
+    return new, StepInfo(delta, ess_now, resample, failed, behind)
 
 
 def _step_sizes(
@@ -626,11 +619,11 @@ def _catch_up(
     log_w: torch.Tensor,
     rounds: torch.Tensor,
     move: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Extra rounds of the step's moves (``move(rows, theta, velocity)``: :func:`_move` for those models, with the
     step's sizes and burn-ins, into the full stack's tensors) for the models whose moved particles
     still lag the tempered target at ``lam`` (:func:`lagging`), at most ``rounds: [K]`` each, re-checked after
-    each round → ``(theta, velocity, rounds made: [K] int64, behind: [K] bool)``, ``behind`` where the particles
+    each round → ``(theta, velocity, behind: [K] bool)``, ``behind`` where the particles
     still lag after all their rounds (the block is then not certified: :data:`workers.stacking.LAG_REASON`).
 
     Why: the moves leave the particles distributed as the current tempered target only if they mix; when the
@@ -648,14 +641,14 @@ def _catch_up(
     while True:
         rows = check.nonzero()[:, 0]
         if not rows.numel():
-            return theta, velocity, made, behind
+            return theta, velocity, behind
         lag = lagging(theta[rows], log_w[rows], tempered_score(block.select(rows), theta[rows], lam[rows]))
         more = lag & (made[rows] < rounds[rows])
         behind[rows] = lag & ~more
         check[rows] = more
         rows = rows[more]
         if not rows.numel():
-            return theta, velocity, made, behind
+            return theta, velocity, behind
         theta, velocity = move(rows, theta, velocity)
         made[rows] += 1
 

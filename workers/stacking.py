@@ -233,7 +233,7 @@ class _Pending(NamedTuple):
     variance_slack: float
     raw: int = 0  # stream values in the block (rows plus values taken into the context)
     one_step: bool = False  # a defensive start (workers.conflict): the block's likelihood in one increment
-    catch_up: int = 0  # extra rounds of moves while the particles lag (workers.sgais._catch_up): the warm-up's
+    catch_up: int = 0  # extra rounds of moves while the particles lag (workers.sgais._catch_up); 0 after the warm-up
 
 
 def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], heartbeat: Heartbeat) -> list[Any]:
