@@ -45,13 +45,10 @@ def serve(
     on their own cores instead of competing with the API for the interpreter lock; they stop
     with the API.  ``--worker-mode thread`` keeps them in the API process.
     """
-    import uvicorn
-
-    from service.app import create_app
+    # only the settings and the supervisor before the workers start (0.4 s): the API's own imports (torch, FastAPI,
+    # the families: ~5 s on a 2-core machine) then overlap the worker processes' instead of preceding them
     from workers.config import get_settings
-    from workers.runner import quiet_gc
     from workers.supervisor import Supervisor
-    from workers.worker.loop import warm_lazy_imports
 
     overrides = {
         k: v
@@ -91,6 +88,12 @@ def serve(
                 max_seconds=settings.restart_backoff_max_seconds,
             )
             supervisor.start()
+        import uvicorn
+
+        from service.app import create_app
+        from workers.runner import quiet_gc
+        from workers.worker.loop import warm_lazy_imports
+
         api = create_app(settings, workers=threads)
         # the API process holds torch and the service's modules (~2·10⁵ objects): a full collection scanned them all
         # while every request and event relay waited (144 ms, 301 ms beside two CPU-bound processes, measured during
