@@ -48,6 +48,11 @@ SAMPLER = {"block_size": 50, "particles": 10, "burn_in": 10, "batch_size": 100, 
 QUICK_SAMPLER = {**SAMPLER, "block_size": 10}  # the quick series has 105 observations
 CHUNK = 50  # observations per posted chunk
 REPORT_SECONDS = 8.0  # kept for the plots and the summary at the end of the time limit (measured 3-6 s quiet)
+# The wait for the workers: each stream's progress every POLL_SECONDS, the live table (3 requests per series) every
+# TABLE_SECONDS.  Polling it all every 0.25 s (until session 29) was ~100 requests a second, whose API time the
+# workers' two cores paid for.
+POLL_SECONDS = 0.5
+TABLE_SECONDS = 2.0
 
 
 def free_port() -> int:
@@ -227,33 +232,60 @@ def run_demo(
                 cursors[name] += len(chunk)
                 seqs[name] += 1
                 progress.advance(task, len(chunk))
-            if time.monotonic() - last_refresh > 1.0:
+            if time.monotonic() - last_refresh > TABLE_SECONDS:
                 live.update(Group(progress, _status_table(c, streams)))
                 last_refresh = time.monotonic()
-        wait = progress.add_task("models absorbing", total=len(streams))
         deadline = started_at + timeout - REPORT_SECONDS
-        pending = set(streams)
-        missing: dict[str, dict[str, int]] = {}
-        unready_since: float | None = None
-        while pending:
-            if c.readyz():
-                unready_since = None
-            else:
-                unready_since = unready_since or time.monotonic()
-                if time.monotonic() - unready_since > 60:
-                    raise RuntimeError("the service has had no live worker for 60 s (GET /readyz is 503)")
-            for name in list(pending):
-                st = c.stream(streams[name]["stream"])
-                if all(m["observations_processed"] >= st["observations"] for m in st["models"]):
-                    pending.discard(name)
-                    progress.advance(wait)
-            live.update(Group(progress, _status_table(c, streams)))
-            if pending and time.monotonic() > deadline:  # report what is there; say what is missing
-                missing = _missing(c, streams, pending)
-                break
-            time.sleep(0.25)
+        reports, missing = _absorb_and_plot(c, streams, model_keys, out, progress, live, deadline)
+        live.update(Group(progress, _status_table(c, streams)))
+    for name in streams:  # the series the time limit cut short
+        if name not in reports:
+            reports[name] = _series_report(c, name, streams[name], model_keys, out)
     sampler = QUICK_SAMPLER if quick else SAMPLER
-    return _report(c, streams, model_keys, out, console, time.monotonic() - t0, sampler, missing)
+    return _report([reports[name] for name in streams], streams, out, console, time.monotonic() - t0, sampler, missing)
+
+
+def _absorb_and_plot(
+    c: SgaisClient,
+    streams: dict[str, dict],
+    model_keys: list[str],
+    out: Path,
+    progress: Progress,
+    live: Live,
+    deadline: float,
+) -> tuple[dict[str, tuple[dict[str, Any], list[str]]], dict[str, dict[str, int]]]:
+    """Wait until every series' models have absorbed it, or until ``deadline`` (``time.monotonic()``); write each
+    series' plot and row as soon as it is done (:func:`_series_report`).  Returns those reports and what is missing
+    (:func:`_missing`).  Raises ``RuntimeError`` after 60 s without a live worker."""
+    last_refresh = time.monotonic()
+    wait = progress.add_task("models absorbing", total=len(streams))
+    pending = set(streams)
+    missing: dict[str, dict[str, int]] = {}
+    reports: dict[str, tuple[dict[str, Any], list[str]]] = {}  # each series' summary row, written when it is done
+    unready_since: float | None = None
+    while pending:
+        if c.readyz():
+            unready_since = None
+        else:
+            unready_since = unready_since or time.monotonic()
+            if time.monotonic() - unready_since > 60:
+                raise RuntimeError("the service has had no live worker for 60 s (GET /readyz is 503)")
+        for name in sorted(pending):
+            st = c.stream(streams[name]["stream"])
+            if all(m["observations_processed"] >= st["observations"] for m in st["models"]):
+                pending.discard(name)
+                # its plot now, while the workers absorb the other series: the report at the end then waits only
+                # for the last series' (7 plots took 5-6 s after the last model, session 29)
+                reports[name] = _series_report(c, name, streams[name], model_keys, out)
+                progress.advance(wait)
+        if time.monotonic() - last_refresh > TABLE_SECONDS:
+            live.update(Group(progress, _status_table(c, streams)))
+            last_refresh = time.monotonic()
+        if pending and time.monotonic() > deadline:  # report what is there; say what is missing
+            missing = _missing(c, streams, pending)
+            break
+        time.sleep(POLL_SECONDS)
+    return reports, missing
 
 
 def _missing(c: SgaisClient, streams: dict[str, dict], pending: set[str]) -> dict[str, dict[str, int]]:
@@ -271,83 +303,82 @@ def _missing(c: SgaisClient, streams: dict[str, dict], pending: set[str]) -> dic
     return out
 
 
+def _series_report(
+    c: SgaisClient, name: str, info: dict[str, Any], model_keys: list[str], out: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """One series' plot (``out/<series>.png``) and its summary row, with the reasons of its degraded models
+    (``- <series> <model>: <reason>`` lines)."""
+    from service.plots import series_figure
+
+    stream = info["stream"]
+    models = [f"{stream}.{k}" for k in model_keys]
+    traces = {m.split(".")[-1]: c.full_trace(m) for m in models}
+    alerts = c.alerts(stream=stream)
+    post = c.stream_posterior(stream)
+    reasons = [
+        f"- {name} {m['model'].split('.')[-1]}: {m.get('error') or 'no reason given'}"
+        for m in post["models"]
+        if m.get("status") == "degraded"
+    ]
+    # the stream posterior scores every model on the same observations (after conditioned_on, API.md);
+    # a model in error has no probability
+    leader = max(post["models"], key=lambda m: -1.0 if m["probability"] is None else m["probability"])
+    short_alerts = [dict(a, model=a["model"].split(".")[-1]) for a in alerts]
+    png = series_figure(
+        out / f"{name}.png",
+        title=f"{name}: {len(alerts)} alerts; most probable {leader['model'].split('.')[-1]}",
+        values=info["values"],
+        annotations=info["series"].annotations,
+        traces=traces,
+        alerts=[a for a in short_alerts if a["kind"] != "model_switch" and a["model"] == leader["model"].split(".")[-1]]
+        + [a for a in short_alerts if a["kind"] == "model_switch"],
+        priors={},
+        conditioned_on=post.get("conditioned_on", 0),
+    )
+    leader_drops = sorted(
+        a["observation_index"]
+        for a in alerts
+        if a["model"] == leader["model"] and a["kind"] in ("change_point", "evidence_drop", "annealing_spike")
+    )
+    row = {
+        "series": name,
+        "observations": info["n"],
+        "stream": stream,
+        "most_probable": leader["model"].split(".")[-1],
+        "probability": round(leader["probability"] or 0.0, 4),
+        # models whose value the sampler could not certify (API.md status "degraded")
+        "degraded": " ".join(m["model"].split(".")[-1] for m in post["models"] if m.get("status") == "degraded"),
+        "conditioned_on": post.get("conditioned_on", 0),
+        **{
+            f"logZ_{m['model'].split('.')[-1]}": None if m["log_evidence"] is None else round(m["log_evidence"], 2)
+            for m in post["models"]
+        },
+        "alerts": len(alerts),
+        "change_point": sum(a["kind"] == "change_point" for a in alerts),
+        "evidence_drop": sum(a["kind"] == "evidence_drop" for a in alerts),
+        "annealing_spike": sum(a["kind"] == "annealing_spike" for a in alerts),
+        "model_switch": sum(a["kind"] == "model_switch" for a in alerts),
+        "leader_change_points": " ".join(map(str, leader_drops)),
+        "annotated_change_points": " ".join(
+            map(str, sorted({p for v in info["series"].annotations.values() for p in v}))
+        ),
+        "plot": png.name,
+    }
+    return row, reasons
+
+
 def _report(
-    c: SgaisClient,
+    reports: list[tuple[dict[str, Any], list[str]]],
     streams: dict[str, dict],
-    model_keys: list[str],
     out: Path,
     console: Console,
     seconds: float,
     sampler: dict[str, Any],
     missing: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
-    from service.plots import series_figure
-
-    rows = []
-    reasons: list[str] = []  # why each degraded model's value is not certified (API.md status "degraded")
-    for name, info in streams.items():
-        stream = info["stream"]
-        models = [f"{stream}.{k}" for k in model_keys]
-        traces = {m.split(".")[-1]: c.full_trace(m) for m in models}
-        alerts = c.alerts(stream=stream)
-        post = c.stream_posterior(stream)
-        reasons += [
-            f"- {name} {m['model'].split('.')[-1]}: {m.get('error') or 'no reason given'}"
-            for m in post["models"]
-            if m.get("status") == "degraded"
-        ]
-        # the stream posterior scores every model on the same observations (after conditioned_on, API.md);
-        # a model in error has no probability
-        leader = max(post["models"], key=lambda m: -1.0 if m["probability"] is None else m["probability"])
-        short_alerts = [dict(a, model=a["model"].split(".")[-1]) for a in alerts]
-        png = series_figure(
-            out / f"{name}.png",
-            title=f"{name}: {len(alerts)} alerts; most probable {leader['model'].split('.')[-1]}",
-            values=info["values"],
-            annotations=info["series"].annotations,
-            traces=traces,
-            alerts=[
-                a for a in short_alerts if a["kind"] != "model_switch" and a["model"] == leader["model"].split(".")[-1]
-            ]
-            + [a for a in short_alerts if a["kind"] == "model_switch"],
-            priors={},
-            conditioned_on=post.get("conditioned_on", 0),
-        )
-        leader_drops = sorted(
-            a["observation_index"]
-            for a in alerts
-            if a["model"] == leader["model"] and a["kind"] in ("change_point", "evidence_drop", "annealing_spike")
-        )
-        rows.append(
-            {
-                "series": name,
-                "observations": info["n"],
-                "stream": stream,
-                "most_probable": leader["model"].split(".")[-1],
-                "probability": round(leader["probability"] or 0.0, 4),
-                # models whose value the sampler could not certify (API.md status "degraded")
-                "degraded": " ".join(
-                    m["model"].split(".")[-1] for m in post["models"] if m.get("status") == "degraded"
-                ),
-                "conditioned_on": post.get("conditioned_on", 0),
-                **{
-                    f"logZ_{m['model'].split('.')[-1]}": None
-                    if m["log_evidence"] is None
-                    else round(m["log_evidence"], 2)
-                    for m in post["models"]
-                },
-                "alerts": len(alerts),
-                "change_point": sum(a["kind"] == "change_point" for a in alerts),
-                "evidence_drop": sum(a["kind"] == "evidence_drop" for a in alerts),
-                "annealing_spike": sum(a["kind"] == "annealing_spike" for a in alerts),
-                "model_switch": sum(a["kind"] == "model_switch" for a in alerts),
-                "leader_change_points": " ".join(map(str, leader_drops)),
-                "annotated_change_points": " ".join(
-                    map(str, sorted({p for v in info["series"].annotations.values() for p in v}))
-                ),
-                "plot": png.name,
-            }
-        )
+    """``summary.csv``, ``summary.md`` and the final table from the series' rows (:func:`_series_report`)."""
+    rows = [row for row, _ in reports]
+    reasons = [line for _, lines in reports for line in lines]
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with (out / "summary.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
