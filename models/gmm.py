@@ -23,7 +23,7 @@ from models.base import (
     as_matrix,
     check_nonempty_and_aligned,
     require_no_x,
-    stick_breaking_offsets,
+    stick_breaking_constants,
 )
 from models.densities import LOG_2PI
 
@@ -168,7 +168,7 @@ class GaussianMixture(Family):
     def _log_weights(x: torch.Tensor) -> torch.Tensor:
         """``log β: [..., C]`` of the stick-breaking coordinates ``x: [..., C−1]`` (the transform's weights, in
         log space: ``log β_i = log z_i + Σ_{j<i} log(1 − z_j)``)."""
-        xp = x - stick_breaking_offsets(x).log()
+        xp = x - stick_breaking_constants(x)[1]
         log_z, log_rest = torch.nn.functional.logsigmoid(xp), torch.nn.functional.logsigmoid(-xp)
         pad = torch.nn.functional.pad
         return pad(log_z, [0, 1], value=0.0) + pad(log_rest.cumsum(-1), [1, 0], value=0.0)
@@ -183,7 +183,7 @@ class GaussianMixture(Family):
         ``∂f/∂x_i = n_i − z_i Σ_{c≥i} n_c``.  Exact where the transform's sigmoid is not clipped.
         """
         C1 = x.shape[-1]
-        z = torch.sigmoid(x - stick_breaking_offsets(x).log())
+        z = torch.sigmoid(x - stick_breaking_constants(x)[1])
         tail = n.flip(-1).cumsum(-1).flip(-1)[..., :C1]  # Σ_{c≥i} n_c
         return n[..., :C1] - z * tail
 
@@ -240,8 +240,8 @@ class GaussianMixture(Family):
         parts = [g_mu.reshape(*lead, -1), g_u.reshape(*lead, -1)]
         if C > 1:  # n_c = α − 1 + [c < C−1] in _stick_breaking_gradient, plus −z_i: α (1 − (C − i) z_i)
             alpha = hp["dirichlet_alpha"][..., None]  # [K, 1, 1]
-            offset = stick_breaking_offsets(xs)
-            z = torch.sigmoid(xs - offset.log())
+            offset, log_offset = stick_breaking_constants(xs)
+            z = torch.sigmoid(xs - log_offset)
             parts.insert(0, alpha * (1.0 - (offset + 1.0) * z))
         return torch.cat(parts, dim=-1)
 
