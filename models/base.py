@@ -444,6 +444,23 @@ class Family(ABC):
             (g,) = torch.autograd.grad(self.stacked_log_likelihood(values, x, y, hp).sum(), t)
         return g
 
+    #: True when the family implements :meth:`stacked_grad_weighted_log_likelihood`: an SGHMC step then evaluates its
+    #: block's rows and its mini-batch's, at the particles and at the control variates' anchors, in one call
+    #: (:func:`workers.gradients.potential_gradient`).
+    weighted_gradients: bool = False
+
+    def stacked_grad_weighted_log_likelihood(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor | None,
+        y: torch.Tensor,
+        weights: torch.Tensor,
+        hp: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """``∇_θ Σ_b w_kpb log p(y_b | x_b, θ_kp)``: ``theta: [K, P, D]``, ``weights: [K, P, B]`` -> ``[K, P, D]``
+        (``weighted_gradients`` families).  Raises ``NotImplementedError`` for the others."""
+        raise NotImplementedError(f"{self.name} has no weighted likelihood gradient")
+
     def stacked_grad_log_prior(self, theta: torch.Tensor, hp: dict[str, torch.Tensor]) -> torch.Tensor:
         """``∇_θ log p(θ)`` (log-|J| included): ``theta: [K, M, D]`` -> ``[K, M, D]``. Autograd unless overridden."""
         with torch.enable_grad():

@@ -194,26 +194,45 @@ class GaussianMixture(Family):
         ``∂_μ = (S1 − μ N)/σ²``, ``∂_u = ((S2 − 2μ S1 + μ² N)/σ² − N)/2`` (``u = log σ²``), and the weights'
         coordinates from ``β_c ∂/∂β_c = N_c`` (:meth:`_stick_breaking_gradient`).  One component:
         ``r = 1`` and the block's sums alone (no per-particle work over ``b``)."""
+        return self._grad_log_likelihood(theta, y, None)
+
+    @property
+    def weighted_gradients(self) -> bool:  # type: ignore[override]
+        """Mixtures (one component has sufficient statistics, which fold the rows before any gradient)."""
+        return self.params.components > 1
+
+    def stacked_grad_weighted_log_likelihood(self, theta, x, y, weights, hp):
+        """``∇_θ Σ_b w_kpb log p(y_b | θ_kp)``, ``weights: [K, P, B]``: :meth:`stacked_grad_log_likelihood` with each
+        row's responsibilities scaled by its weight (``N_c = Σ_b w_b r_bc`` and so on)."""
+        return self._grad_log_likelihood(theta, y, weights)
+
+    def _grad_log_likelihood(self, theta: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         if y.ndim == 2:
             y = y[..., None]
         C = self.params.components
         xs, mu, u = self._split(theta)
         iv = torch.exp(-u)  # [K, M, C, d]
-        if C == 1:
+        if C == 1 and weights is None:
             N = torch.full_like(mu[..., :1], float(y.shape[1]))
             S1, S2 = y.sum(1)[:, None, None, :], (y * y).sum(1)[:, None, None, :]
             g_mu = (S1 - mu * N) * iv
             g_u = 0.5 * ((S2 - 2.0 * mu * S1 + mu * mu * N) * iv - N)
         else:
+            d = y.shape[-1]
             yT = y.transpose(1, 2)[:, None, None]  # [K, 1, 1, d, B]
             diff = yT - mu[..., None]  # [K, M, C, d, B]
             z2 = diff * diff * iv[..., None]
-            comp = -0.5 * (z2.sum(-2) + u.sum(-1)[..., None] + y.shape[-1] * LOG_2PI)  # [K, M, C, B]
-            r = torch.softmax(self._log_weights(xs)[..., None] + comp, dim=-2)  # responsibilities, [K, M, C, B]
+            # log β_c + log N(y_b; μ_c, σ²_c): the components' constants on [K, M, C], then one pass over the rows
+            const = self._log_weights(xs) - 0.5 * (u.sum(-1) + d * LOG_2PI)
+            log_joint = torch.add(const[..., None], z2[..., 0, :] if d == 1 else z2.sum(-2), alpha=-0.5)
+            r = torch.softmax(log_joint, dim=-2)  # responsibilities, [K, M, C, B]
+            if weights is not None:
+                r = r * weights[:, :, None]
             N = r.sum(-1)[..., None]  # [K, M, C, 1]
             rb = r[..., None, :]
-            g_mu = (rb * diff).sum(-1) * iv  # Σ_b r (y − μ)/σ², the form of (S1 − μN)/σ² without cancellation
-            g_u = 0.5 * ((rb * z2).sum(-1) - N)
+            # Σ_b r (y − μ)/σ², the form of (S1 − μN)/σ² without cancellation
+            g_mu = torch.linalg.vecdot(rb, diff) * iv
+            g_u = 0.5 * (torch.linalg.vecdot(rb, z2) - N)
         lead = theta.shape[:-1]
         parts = [g_mu.reshape(*lead, -1), g_u.reshape(*lead, -1)]
         if C > 1:

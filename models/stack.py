@@ -148,6 +148,17 @@ class StackedFamily:
         """``∇_θ Σ_b log p(y_b|θ)``: ``[K, M, D]`` (closed form or one autograd call)."""
         return self.family.stacked_grad_log_likelihood(theta, x, y, self.hp)
 
+    @property
+    def weighted_gradients(self) -> bool:
+        return self.family.weighted_gradients
+
+    def grad_weighted_log_likelihood(
+        self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """``∇_θ Σ_b w_kpb log p(y_b|θ_kp)``: ``theta: [K, P, D]``, ``weights: [K, P, B]`` -> ``[K, P, D]``
+        (``weighted_gradients`` families)."""
+        return self.family.stacked_grad_weighted_log_likelihood(theta, x, y, weights, self.hp)
+
     def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
         """``∇_θ log p(θ)``: ``[K, M, D]`` (closed form or one autograd call)."""
         return self.family.stacked_grad_log_prior(theta, self.hp)

@@ -524,6 +524,40 @@ def test_sufficient_statistics_give_the_autograd_gradients_of_prior_and_likeliho
         torch.testing.assert_close(folded, expected)
 
 
+@pytest.mark.parametrize("control_variates", [False, True])
+def test_a_mixture_evaluates_block_and_mini_batch_in_one_weighted_gradient(control_variates: bool) -> None:
+    """Mixtures (``weighted_gradients``) take an SGHMC step's block and mini-batch rows, at the particles and the
+    control variates' anchors, in one weighted evaluation (``workers.gradients._one_evaluation``): the same
+    ``∇Û = −[∇log p(θ) + λ∇ℓ(θ, C) + s∇ℓ(θ, B) (− s∇ℓ(a, B) + G)]`` as the terms evaluated apart by autograd, per
+    model of a stack of different hyperparameters, λ and s; without a mini-batch the block's exact term alone."""
+    from models.base import Family
+    from workers import gradients
+
+    fams = [make_family("gmm", {"dim": 2, "components": 3, "variance_scale": v}) for v in (1.0, 2.5)]
+    stack = StackedFamily(fams, torch.float64, "cpu")
+    assert stack.weighted_gradients
+    g = torch.Generator().manual_seed(3)
+    theta, anchor, G = (torch.randn(2, 5, fams[0].dim, generator=g, dtype=torch.float64) for _ in range(3))
+    yc, yb = (torch.randn(2, n, 2, generator=g, dtype=torch.float64) for n in (7, 11))
+    lam, scale = torch.tensor([0.3, 0.8], dtype=torch.float64), torch.tensor([4.0, 9.0], dtype=torch.float64)
+    history = gradients.minibatch(stack, scale)
+    if control_variates:
+        history = gradients.control_variates(history, anchor, G)
+    grad_u = gradients.potential_gradient(stack, gradients.Batch(None, yc), lam, history)
+
+    def lik(points: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return Family.stacked_grad_log_likelihood(fams[0], points, None, y, stack.hp)
+
+    prior = torch.cat([Family.stacked_grad_log_prior(f, theta[k : k + 1], stack.select(torch.tensor([k])).hp)
+                       for k, f in enumerate(fams)])  # fmt: skip
+    exact = prior + lam[:, None, None] * lik(theta, yc)
+    expected = exact + scale[:, None, None] * lik(theta, yb)
+    if control_variates:
+        expected = expected - scale[:, None, None] * lik(anchor, yb) + G
+    torch.testing.assert_close(grad_u(theta, gradients.Batch(None, yb)), -expected)
+    torch.testing.assert_close(grad_u(theta, None), -exact)
+
+
 @pytest.mark.parametrize(
     ("name", "params", "hyper"),
     [
