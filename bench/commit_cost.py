@@ -5,7 +5,9 @@ The data, models and settings of ``bench/service_overhead.py`` (500-observation 
 d = 5, default sampler), posted through the API app in this process (no HTTP server), then absorbed
 by one ``workers.worker.Worker`` driven step by step, so nothing else competes with it except the
 Redis server.  Round trips are counted as calls of redis-py's ``send_packed_command`` (a pipeline
-or a script call is one).  Runs against any code base with the same Worker API (``PYTHONPATH``).
+or a script call is one).  Runs against any code base with the same Worker API: its own copy
+(``python <root>/bench/commit_cost.py``; the script puts its own checkout first on ``sys.path``, so ``PYTHONPATH``
+does not choose the code base).
 
     python bench/commit_cost.py [--chunks 100] [--models 1 10] [--redis-url redis://127.0.0.1:6379]
 """

@@ -5,8 +5,9 @@ between the two workers. This script runs the same 28 models (``service.demo.MOD
 sampler, chunks of 50: ``bench/demo_exact.py``'s ``run_model``) on :class:`workers.segmented.SegmentedEngine` in one
 process, one model after the other, with a worker's thread settings (:func:`workers.runner.limit_threads`), its
 imports done first and its collector settings (:func:`workers.runner.quiet_gc`). It prints the process CPU seconds in
-all and per model kind. Run two code bases alternately (``PYTHONPATH=<root> python bench/demo_workload.py``) to
-compare them on a noisy machine.
+all and per model kind. Run two code bases alternately (``python <root>/bench/demo_workload.py``: the script puts its
+own checkout first on ``sys.path``, so ``PYTHONPATH`` does not choose the code base; session 29) to compare them on a
+noisy machine.
 
     python bench/demo_workload.py
 """

@@ -49,8 +49,8 @@ QUICK_SAMPLER = {**SAMPLER, "block_size": 10}  # the quick series has 105 observ
 CHUNK = 50  # observations per posted chunk
 REPORT_SECONDS = 8.0  # kept for the plots and the summary at the end of the time limit (measured 3-6 s quiet)
 # The wait for the workers: each stream's progress every POLL_SECONDS, the live table (3 requests per series) every
-# TABLE_SECONDS.  Polling it all every 0.25 s (until session 29) was ~100 requests a second, whose API time the
-# workers' two cores paid for.
+# TABLE_SECONDS.  Polling it all every 0.25 s (until session 29: up to 29 requests a pass) cost the API process
+# 18-20 s of CPU in a 90 s demo on 2 cores, which the workers paid for (9-11 s now).
 POLL_SECONDS = 0.5
 TABLE_SECONDS = 2.0
 
