@@ -16,6 +16,7 @@ from prometheus_client import start_http_server
 from workers import lifeline
 from workers.config import Settings, get_settings
 from workers.worker import Worker
+from workers.worker.loop import warm_lazy_imports
 from workers.worker.metrics import WORKER_REGISTRY
 
 
@@ -33,8 +34,10 @@ def main(settings: Settings | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     lifeline.watch_parent(stop)  # exit when the supervising `sgais serve` dies (SGAIS_PARENT_PID)
-    worker = Worker(settings, stop=stop)  # imports what torch loads on first use (warm_lazy_imports)
-    quiet_gc()
+    worker = Worker(settings, stop=stop, warm=False)
+    worker.begin()  # live (heartbeat) while it imports what torch and the Laplace start load on first use
+    warm_lazy_imports()
+    quiet_gc()  # after the imports: their objects are frozen too
     worker.run()
 
 

@@ -71,7 +71,14 @@ class Worker(quarantine.QuarantineHooks):
     ``max_block_attempts`` the model goes to ``error``; a block over ``block_budget_seconds`` is aborted and
     the model ``degraded`` and parked.  The loop itself never dies on one model."""
 
-    def __init__(self, settings: Settings, *, stop: threading.Event | None = None, worker_id: str | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        stop: threading.Event | None = None,
+        worker_id: str | None = None,
+        warm: bool = True,
+    ):
         self.s = settings
         self.r = redis.Redis.from_url(settings.redis_url)
         self.keys = Keys(settings.key_prefix)
@@ -85,18 +92,29 @@ class Worker(quarantine.QuarantineHooks):
         self._beat_at = self._scan_at = 0.0
         self._heartbeat: Heartbeat | None = None
         self._raise_lost = False  # advance(): a lost lease is raised to the caller instead of handled
-        warm_lazy_imports()
+        if warm:  # else the caller warms up, e.g. after begin() (workers.runner)
+            warm_lazy_imports()
 
     @property
     def held(self) -> dict[str, Held]:
         return self.leases.held
 
     # ----- loop -------------------------------------------------------------------------------
-    def run(self) -> None:
+    def begin(self) -> None:
+        """Write the first heartbeat and start the heartbeat thread (idempotent; :meth:`run` calls it): the worker is
+        counted live from here, before the first scan computes the fair share.  ``workers.runner`` calls it before the
+        worker's warm-up imports (1-2 s of scipy and sympy here), so that a service waiting for its workers (``sgais
+        demo``) registers its models that much sooner; leasing waits for :meth:`run`."""
+        if self._heartbeat is not None:
+            return
         log.info("worker %s started", self.id)
         with contextlib.suppress(redis.RedisError):
-            self.heartbeat()  # counted live before the first scan computes the fair share
+            self.heartbeat()
         self._heartbeat = Heartbeat(self.heartbeat, self.beat_seconds, self.stop, f"{self.id}-heartbeat").start()
+
+    def run(self) -> None:
+        self.begin()
+        assert self._heartbeat is not None
         try:
             while not self.stop.is_set():
                 try:
