@@ -121,3 +121,29 @@ def test_a_worker_at_its_share_leases_a_new_model_once_a_held_one_is_deleted(set
         assert set(worker.held) == {"default/new"}
         r = redis.Redis.from_url(settings.redis_url)
         assert not r.hget(Keys(settings.key_prefix).lease_losses, counter_field("w", "default", "old"))
+
+
+def test_a_worker_is_live_from_begin_and_leases_nothing_before_it_runs(settings):
+    """``Worker.begin()`` (what ``workers.runner`` calls before the warm-up imports) writes the heartbeat and starts
+    the heartbeat thread: the API counts the worker live (``GET /readyz``) while it holds no model; a second call
+    starts no second thread."""
+    from workers.worker import Worker
+
+    with TestClient(create_app(settings, workers=0)) as api:
+        assert api.get("/readyz").status_code == 503
+        assert api.post("/v1/models", json={"name": "m", "stream": "s", **SMALL_MODEL}).status_code == 201
+        worker = Worker(settings, worker_id="early", warm=False)
+        try:
+            worker.begin()
+            thread = worker._heartbeat
+            worker.begin()
+            assert worker._heartbeat is thread
+            assert api.get("/readyz").status_code == 200
+            assert worker.held == {}
+            r = redis.Redis.from_url(settings.redis_url)
+            assert r.get(Keys(settings.key_prefix).lease("default", "m")) is None
+            r.close()
+        finally:
+            worker.stop.set()
+            assert worker._heartbeat is not None
+            worker._heartbeat.close()
