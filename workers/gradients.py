@@ -193,9 +193,9 @@ def potential_gradient(
             assert block.y is not None
             return model.grad_log_target(theta, block.x, block.y, lam)
 
-        if model.weighted_gradients and _minibatch_of(history) is not None:
-            assert history is not None
-            return _one_evaluation(model, block, lam, history, exact)
+        base = _minibatch_of(history) if model.weighted_gradients else None
+        if base is not None and history is not None:
+            return _one_evaluation(model, block, lam, history, base, exact)
 
     assert block.y is not None
 
@@ -213,6 +213,7 @@ def _one_evaluation(
     block: Batch,
     lam: torch.Tensor,
     history: HistoryEstimator,
+    base: Minibatch,
     exact: Callable[[torch.Tensor], torch.Tensor],
 ) -> PotentialGradient:
     """:func:`potential_gradient` of a ``weighted_gradients`` family (a mixture) with a mini-batch estimator: the
@@ -225,9 +226,9 @@ def _one_evaluation(
     al. 2019, eq. 8), the particles and the anchors stacked as ``[θ; a]`` over the rows ``C ∪ B`` with weight 0 on
     ``(a, C)``.  A mixture's gradient is a few dozen tensor calls on a few thousand numbers whatever the rows: one
     evaluation per SGHMC step instead of two.  The weights are formed once per annealing step (``λ`` and ``s`` are
-    fixed there)."""
-    y_block, base = block.y, _minibatch_of(history)
-    assert y_block is not None and base is not None
+    fixed there).  ``base``: the :class:`Minibatch` that ``history`` is or wraps."""
+    y_block = block.y
+    assert y_block is not None
     cv = history if isinstance(history, ControlVariates) else None
     weights: dict[tuple[int, int], torch.Tensor] = {}
 
