@@ -12,11 +12,12 @@ space into a density on R^D (standard change of variables, e.g. NumPyro's
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
@@ -245,17 +246,28 @@ def stick_breaking_constants(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return _OFFSETS[key]
 
 
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``σ(x) = exp(log σ(x))``, elementwise: the same bits for an element wherever it lies in its tensor.
+
+    ``torch.sigmoid``'s vectorised loop and its scalar loop (the tensor's last few elements) round differently: 759
+    of 30,000 float64 inputs differed in the last bit on this machine (session 30; ``exp``, ``logsigmoid``, ``log``,
+    ``lgamma`` and ``tanh`` agreed on all), so a model's value depended on how many models shared its stack.
+    Within an ulp or two of ``torch.sigmoid``."""
+    return torch.exp(F.logsigmoid(x))
+
+
 def _stick_breaking(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.distributions.StickBreakingTransform`` of ``u: [..., C−1]`` and its log-|J| ``[...]``, the same
-    arithmetic as torch 2.x's ``_call`` and ``log_abs_det_jacobian`` (so the same bits), without the
-    ``Transform`` machinery (measured: half the cost of :meth:`ParameterSpace.constrain` for a gmm).  One
-    component (``C − 1 = 0``: a one-component gmm's weights) is the point ``y = 1`` with log-|J| 0, returned
-    without the arithmetic (the same bits: ``1·1`` and an empty sum)."""
+    """``torch.distributions.StickBreakingTransform`` of ``u: [..., C−1]`` and its log-|J| ``[...]``, torch 2.x's
+    ``_call`` and ``log_abs_det_jacobian`` arithmetic with :func:`sigmoid` for ``torch.sigmoid`` (so within an ulp or
+    two of torch's, and the same bits for a model in any stack), without the ``Transform`` machinery (measured: half
+    the cost of :meth:`ParameterSpace.constrain` for a gmm).  One component (``C − 1 = 0``: a one-component gmm's
+    weights) is the point ``y = 1`` with log-|J| 0, returned without the arithmetic (the same bits: ``1·1`` and an
+    empty sum)."""
     if u.shape[-1] == 0:
         return u.new_ones(*u.shape[:-1], 1), u.new_zeros(u.shape[:-1])
     x = u - stick_breaking_constants(u)[1]
     finfo = torch.finfo(u.dtype)
-    z = torch.clamp(torch.sigmoid(x), min=finfo.tiny, max=1.0 - finfo.eps)
+    z = torch.clamp(sigmoid(x), min=finfo.tiny, max=1.0 - finfo.eps)
     y = F.pad(z, [0, 1], value=1) * F.pad((1 - z).cumprod(-1), [1, 0], value=1)
     return y, (-x + F.logsigmoid(x) + y[..., :-1].log()).sum(-1)
 
@@ -468,6 +480,12 @@ class Family(ABC):
             values, log_det = self.space.constrain(t)
             (g,) = torch.autograd.grad((self.stacked_log_prior(values, hp) + log_det).sum(), t)
         return g
+
+    def stacked_prior_gradient(self, hp: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:meth:`stacked_grad_log_prior` as a function of ``theta: [K, M, D]`` alone, for a stack that calls it every
+        SGHMC step (:meth:`models.stack.StackedFamily.grad_log_prior` makes it once per stack): a family whose prior
+        gradient needs constants of ``hp`` forms them once here.  The same values as :meth:`stacked_grad_log_prior`."""
+        return functools.partial(self.stacked_grad_log_prior, hp=hp)
 
     #: True when the family's log-likelihood is Gaussian and linear in θ (so ``Σ_b ∇ log p(y_b|θ) = c − θ A``)
     #: and its prior is Gaussian: the estimators then work with the statistics of a block or

@@ -23,6 +23,7 @@ from models.base import (
     as_matrix,
     check_nonempty_and_aligned,
     require_no_x,
+    sigmoid,
     stick_breaking_constants,
 )
 from models.densities import LOG_2PI
@@ -183,7 +184,7 @@ class GaussianMixture(Family):
         ``∂f/∂x_i = n_i − z_i Σ_{c≥i} n_c``.  Exact where the transform's sigmoid is not clipped.
         """
         C1 = x.shape[-1]
-        z = torch.sigmoid(x - stick_breaking_constants(x)[1])
+        z = sigmoid(x - stick_breaking_constants(x)[1])
         tail = n.flip(-1).cumsum(-1).flip(-1)[..., :C1]  # Σ_{c≥i} n_c
         return n[..., :C1] - z * tail
 
@@ -247,22 +248,32 @@ class GaussianMixture(Family):
         stick-breaking log-Jacobian ``Σ_i [−x'_i + log σ(x'_i) + log β_i]`` (``x' = x − log offset``), 1 for
         ``c < C−1`` and ``−z_i`` on coordinate ``i``: summed (:meth:`_stick_breaking_gradient`),
         ``∂/∂x_i = α (1 − (C − i) z_i)`` (``C − i = offset_i + 1``)."""
-        C = self.params.components
-        a, b, ms, m = (
-            hp[k][..., None, None] for k in ("variance_shape", "variance_scale", "mean_variance_ratio", "mean_location")
-        )
-        xs, mu, u = self._split(theta)
-        mu, iv = mu - m, torch.exp(-u)
-        g_mu = -mu * iv / ms
-        g_u = -a + b * iv - 0.5 * mu * g_mu - 0.5
-        lead = theta.shape[:-1]
-        parts = [g_mu.reshape(*lead, -1), g_u.reshape(*lead, -1)]
-        if C > 1:  # n_c = α − 1 + [c < C−1] in _stick_breaking_gradient, plus −z_i: α (1 − (C − i) z_i)
-            alpha = hp["dirichlet_alpha"][..., None]  # [K, 1, 1]
-            offset, log_offset = stick_breaking_constants(xs)
-            z = torch.sigmoid(xs - log_offset)
-            parts.insert(0, alpha * (1.0 - (offset + 1.0) * z))
-        return torch.cat(parts, dim=-1)
+        return self.stacked_prior_gradient(hp)(theta)
+
+    def stacked_prior_gradient(self, hp):
+        """:meth:`stacked_grad_log_prior` with its constants formed once: ``−1/ms``, ``a + 1/2``, ``α (C − i)``.  The
+        prior's hyperparameters are one number per model, so the gradient works on ``theta``'s slices as they lie (no
+        split into components): 14 tensor calls a step instead of about 50 (a two-component gmm's prior gradient was
+        ~10% of its engine time in the demo, session 30)."""
+        C, Cd = self.params.components, self.params.components * self.params.dim
+        m, b = hp["mean_location"][..., None], hp["variance_scale"][..., None]  # [K, 1, 1]
+        neg_inv_ms = -1.0 / hp["mean_variance_ratio"][..., None]
+        a_half = hp["variance_shape"][..., None] + 0.5
+        alpha = hp["dirichlet_alpha"][..., None]
+
+        def gradient(theta: torch.Tensor) -> torch.Tensor:
+            mu, u = theta[..., C - 1 : C - 1 + Cd], theta[..., C - 1 + Cd :]
+            iv, dmu = torch.exp(-u), mu - m
+            g_mu = dmu * iv * neg_inv_ms
+            g_u = torch.addcmul(b * iv - a_half, dmu, g_mu, value=-0.5)
+            if C == 1:
+                return torch.cat([g_mu, g_u], dim=-1)
+            x = theta[..., : C - 1]
+            offset, log_offset = stick_breaking_constants(x)
+            z = sigmoid(x - log_offset)
+            return torch.cat([torch.addcmul(alpha, alpha * (offset + 1.0), z, value=-1.0), g_mu, g_u], dim=-1)
+
+        return gradient
 
     @property
     def sufficient_statistics(self) -> bool:  # type: ignore[override]

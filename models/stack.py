@@ -161,7 +161,11 @@ class StackedFamily:
 
     def grad_log_prior(self, theta: torch.Tensor) -> torch.Tensor:
         """``∇_θ log p(θ)``: ``[K, M, D]`` (closed form or one autograd call)."""
-        return self.family.stacked_grad_log_prior(theta, self.hp)
+        try:
+            gradient = self.__dict__["_prior_gradient"]
+        except KeyError:  # formed once per stack (the hyperparameters' constants): called every SGHMC step
+            gradient = self.__dict__["_prior_gradient"] = self.family.stacked_prior_gradient(self.hp)
+        return gradient(theta)
 
     def grad_log_target(
         self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, lam: torch.Tensor

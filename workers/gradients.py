@@ -77,10 +77,16 @@ class Minibatch:
     ``scale · (c_B − θ A_B)``, and the difference at two points is ``−scale · (θ − a) A_B``.
     """
 
-    def __init__(self, model: StackedFamily, scale: torch.Tensor):
+    def __init__(self, model: StackedFamily, scale: torch.Tensor, whole: torch.Tensor | None = None):
         self.model = model
         self.scale = scale[:, None, None].to(model.hp_dtype)
         self.neg_scale = -self.scale
+        #: ``[K]`` bool or None: the models whose batch is their whole history (``weighted_gradients`` families,
+        #: :func:`workers.sgais._whole_rows`), weighted by :attr:`row_weights`, without control variates
+        self.whole = whole
+        #: ``[K, |B|]`` or None: a weight per batch row in place of ``scale``: 1 on each of a whole model's held rows,
+        #: 0 on the padding that fills its batch to ``|B|`` rows, ``scale`` for the others
+        self.row_weights: torch.Tensor | None = None
 
     def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
@@ -90,6 +96,9 @@ class Minibatch:
         if self.model.sufficient_statistics:
             return self.model.grad_from_statistics(theta, self.scale[:, :, 0] * self._statistics(batch))
         assert batch.y is not None
+        if self.row_weights is not None:
+            w = self.row_weights[:, None, :].expand(theta.shape[0], theta.shape[1], -1)
+            return self.model.grad_weighted_log_likelihood(theta, batch.x, batch.y, w)
         return self.scale * self.model.grad_log_likelihood(theta, batch.x, batch.y)
 
     def _statistics(self, batch: Batch) -> torch.Tensor:
@@ -149,9 +158,15 @@ class ControlVariates:
         return T_s, lambda step: self.anchor_grad - at_step[step]
 
 
-def minibatch(model: StackedFamily, scale: torch.Tensor) -> Minibatch:
-    """The plain mini-batch estimator (:class:`Minibatch`)."""
-    return Minibatch(model, scale)
+def minibatch(
+    model: StackedFamily, scale: torch.Tensor, whole: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> Minibatch:
+    """The plain mini-batch estimator (:class:`Minibatch`); ``whole``: ``(models [K] bool, row weights [K, |B|])`` of a
+    ``weighted_gradients`` family whose batches are, for those models, their whole history."""
+    out = Minibatch(model, scale, None if whole is None else whole[0])
+    if whole is not None:
+        out.row_weights = whole[1].to(model.hp_dtype)
+    return out
 
 
 def control_variates(base: HistoryEstimator, anchor: torch.Tensor, anchor_grad: torch.Tensor) -> ControlVariates:
@@ -226,17 +241,33 @@ def _one_evaluation(
     al. 2019, eq. 8), the particles and the anchors stacked as ``[θ; a]`` over the rows ``C ∪ B`` with weight 0 on
     ``(a, C)``.  A mixture's gradient is a few dozen tensor calls on a few thousand numbers whatever the rows: one
     evaluation per SGHMC step instead of two.  The weights are formed once per annealing step (``λ`` and ``s`` are
-    fixed there).  ``base``: the :class:`Minibatch` that ``history`` is or wraps."""
+    fixed there).  ``base``: the :class:`Minibatch` that ``history`` is or wraps.  Models whose batch is their whole
+    history (``base.whole``: weight 1 on each held row, 0 on the padding) take their particles' term alone, exact,
+    without control variates; a stack of such models evaluates no anchors."""
     y_block = block.y
     assert y_block is not None
     cv = history if isinstance(history, ControlVariates) else None
+    whole = base.whole
+    if cv is not None and whole is not None and bool(whole.all()):
+        cv = None  # every batch is its model's whole history: no anchors to evaluate
     weights: dict[tuple[int, int], torch.Tensor] = {}
+    # models with no history yet (n_prev = 0) beside models with one: alone they have no batch and take their block's
+    # rows alone; here they would sum their block's rows and |B| rows of weight 0, a reduction of another length,
+    # which rounds differently (session 30). They take their block's exact gradient apart, as they get it alone.
+    empty = base.scale[:, 0, 0] == 0
+    none_held = bool(empty.all())  # e.g. a sub-stack of such models: their block's rows alone
+    apart = empty.nonzero()[:, 0] if bool(empty.any()) and not none_held else None
+    if apart is not None:
+        alone = model.select(apart)
+        x_apart = block.x[apart] if block.x is not None else None
+        y_apart, lam_apart = y_block[apart], lam[apart]
 
     def weights_for(M: int, rows: int) -> torch.Tensor:  # [K, M (2M with anchors), |C| + |B|]
         if (M, rows) not in weights:
             K, n_block = lam.shape[0], y_block.shape[1]
             on_block = lam.to(base.scale.dtype)[:, None, None].expand(K, M, n_block)
-            on_batch = base.scale.expand(K, M, rows)
+            row_weights = base.row_weights
+            on_batch = (base.scale if row_weights is None else row_weights[:, None, :]).expand(K, M, rows)
             w = torch.cat([on_block, on_batch], -1)
             if cv is not None:
                 w = torch.cat([w, torch.cat([torch.zeros_like(on_block), on_batch], -1)], 1)
@@ -244,7 +275,7 @@ def _one_evaluation(
         return weights[M, rows]
 
     def grad_u(theta: torch.Tensor, batch: Batch | None) -> torch.Tensor:
-        if batch is None or batch.y is None:
+        if batch is None or batch.y is None or none_held:
             return -exact(theta)
         M = theta.shape[1]
         y = torch.cat([y_block, batch.y], 1)
@@ -252,8 +283,13 @@ def _one_evaluation(
         points = torch.cat([theta, cv.anchor], 1) if cv is not None else theta
         g = model.grad_weighted_log_likelihood(points, x, y, weights_for(M, batch.y.shape[1]))
         if cv is not None:
-            g = g[:, :M] - g[:, M:] + cv.anchor_grad
-        return -(model.grad_log_prior(theta) + g)
+            g_cv = g[:, :M] - g[:, M:] + cv.anchor_grad
+            # a whole history's batch is exact: its particles' rows alone, the same bits as in a stack without anchors
+            g = g_cv if whole is None else torch.where(whole[:, None, None], g[:, :M], g_cv)
+        out = -(model.grad_log_prior(theta) + g)
+        if apart is not None:
+            out = out.index_copy(0, apart, -alone.grad_log_target(theta[apart], x_apart, y_apart, lam_apart))
+        return out
 
     return grad_u
 

@@ -571,7 +571,7 @@ def _move(
     gens = block.generators
     B = block.batches.batch_size if block.batches is not None else 0
     bulk = K * S * B * theta.shape[-1] <= BULK_ELEMENTS
-    whole = _whole_history(block) if fam.sufficient_statistics else [False] * K
+    whole = _whole_history(block) if fam.sufficient_statistics or fam.weighted_gradients else [False] * K
     draws = [0 if w else c for w, c in zip(whole, counts, strict=True)]
     plan = block.batches.plan(list(gens), block.models, draws) if block.batches is not None and any(draws) else None
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
@@ -726,11 +726,14 @@ def _step_gradient(
         history = minibatch(fam, scale)
         if at_anchor is not None:
             history = control_variates(history, anchor, anchor_grad)
-    elif block.batches is not None and plan is not None:
-        history = minibatch(fam, block.n_prev / block.batches.batch_size)
+    elif block.batches is not None and (plan is not None or any(whole)):
+        rows = None
+        if any(whole):  # a weighted_gradients family: those models' batches are their whole histories
+            plan, rows = _whole_rows(block, plan, whole, S)
+        history = minibatch(fam, block.n_prev / block.batches.batch_size, rows)
         if s.control_variates:
             history = control_variates(history, anchor, anchor_grad)
-        if fam.quadratic and bulk:
+        if fam.quadratic and bulk and plan is not None:
             x, y = block.batches.rows(plan.reshape(K * S, -1))
             A, c = fam.select(torch.arange(K, device=theta.device).repeat_interleave(S)).gradient_statistics(
                 x, None if s.control_variates else y
@@ -818,6 +821,33 @@ def _whole_history(block: StackBlock) -> list[bool]:
         0 < b.sizes[m] <= b.batch_size and b.sizes[m] == int(n)
         for m, n in zip(block.models, block.n_prev.tolist(), strict=True)
     ]
+
+
+def _whole_rows(
+    block: StackBlock, plan: torch.Tensor | None, whole: list[bool], S: int
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``plan: [K, S, |B|]`` with the models of ``whole`` (:func:`_whole_history`, which drew no indices) given their
+    held rows in every step, padded to ``|B|`` by repeating the last (weight 0): ``(plan, (whole [K] bool, row weights
+    [K, |B|]))``, the weights 1 on a whole model's held rows and 0 on its padding, ``n_prev/|B|`` for the others.
+
+    A ``weighted_gradients`` family (a mixture, whose gradient has no sufficient statistics to fold) thus takes the
+    exact history gradient while the history fits in one mini-batch, as the ``sufficient_statistics`` families do:
+    no mini-batch noise and no control variates.  The demo's two-component gmm spends 84% of its SGHMC steps with
+    ``n_prev ≤ |B|`` (challengers and early blocks; session 30).  The padding keeps every model's batch at ``|B|`` rows,
+    so a model's arithmetic is the same alone and in any stack."""
+    batches = block.batches
+    assert batches is not None
+    _, y, offsets = batches.source()
+    K, B = len(whole), batches.batch_size
+    out = plan if plan is not None else torch.zeros((K, S, B), dtype=torch.long, device=y.device)
+    weights = (block.n_prev / B)[:, None].expand(K, B).clone()
+    cols = torch.arange(B, device=y.device)
+    for j, (k, w) in enumerate(zip(block.models, whole, strict=True)):
+        if w:
+            held = batches.sizes[k]
+            out[j] = offsets[k] + cols.clamp_max(held - 1)
+            weights[j] = (cols < held).to(weights.dtype)
+    return out, (torch.tensor(whole, device=y.device), weights)
 
 
 def _statistics_per_step(

@@ -339,9 +339,11 @@ def _before_block(
             one_step = True
     if st.theta.shape[0] > s.particles and n_prev >= s.warmup_observations:
         st = reduce_particles(m.generator, st, s.particles)
-    # a sufficient-statistics family takes its exact history gradient while the history fits in one mini-batch
-    # (workers.sgais._whole_history): anchors would go unused, so the first anchoring waits until it outgrows it
-    whole = m.family.sufficient_statistics and history.size == n_prev <= s.batch_size and st.n_anchor == 0
+    # a sufficient-statistics or weighted-gradient family takes its exact history gradient while the history fits in
+    # one mini-batch (workers.sgais._whole_history, _whole_rows): anchors would go unused, so the first anchoring waits
+    # until it outgrows it
+    exact = m.family.sufficient_statistics or m.family.weighted_gradients
+    whole = exact and history.size == n_prev <= s.batch_size and st.n_anchor == 0
     anchored = s.control_variates and history.size > 0 and not whole
     if anchored and (st.n_anchor == 0 or n_prev >= s.anchor_growth * st.n_anchor):
         # Re-anchor every particle at its current position: one pass over H, amortised O(1)

@@ -204,7 +204,8 @@ def test_transforms_round_trip_and_log_jacobian_matches_autograd(name, params):
 @pytest.mark.parametrize("name,params", CASES, ids=IDS)
 def test_written_out_transforms_have_torch_distributions_bits(name, params):
     """``ParameterSpace.constrain`` writes the positive and simplex transforms out (issue 9, lean hot path):
-    values and log-|J| must be bit for bit those of ``torch.distributions``' transforms."""
+    values and log-|J| must be bit for bit those of ``torch.distributions``' transforms, but for the simplex, whose
+    sigmoid is :func:`models.base.sigmoid` (the same bits in any stack; ``torch.sigmoid`` is not): within 1e-14."""
     family = make_family(name, params)
     space = family.space
     g = torch.Generator().manual_seed(4)
@@ -217,8 +218,14 @@ def test_written_out_transforms_have_torch_distributions_bits(name, params):
         want = u if t is None else t(u)
         if t is not None:
             want_det = want_det + t.log_abs_det_jacobian(u, want).reshape(*theta.shape[:-1], -1).sum(-1)
-        assert torch.equal(values[spec.name], want), spec.name
-    assert torch.equal(log_det, want_det)
+        if spec.constraint is constraints.simplex:
+            torch.testing.assert_close(values[spec.name], want, rtol=1e-14, atol=1e-15)
+        else:
+            assert torch.equal(values[spec.name], want), spec.name
+    if any(spec.constraint is constraints.simplex for spec in space.specs):
+        torch.testing.assert_close(log_det, want_det, rtol=1e-14, atol=1e-13)
+    else:
+        assert torch.equal(log_det, want_det)
 
 
 @pytest.mark.parametrize("name,params", CASES, ids=IDS)
@@ -507,3 +514,36 @@ def test_feature_subset_errors_name_the_field(params, match):
         make_family("linear_regression", params)
     locs = {e["loc"][0] for e in info.value.errors()}
     assert locs <= {"features", "columns"} and locs, info.value.errors()
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_a_model_has_the_same_bits_in_a_stack_of_any_size(name, params):
+    """A model's log-likelihood, log-prior and their gradients are row-wise: its row of a stack of K models has the same
+    bits for K = 1, 2 and 5, at particle and row counts that put it in the vectorised loops or in their scalar tails
+    (``torch.sigmoid`` rounded differently in the two, session 30: :func:`models.base.sigmoid`)."""
+    from models.stack import StackedFamily
+
+    family = make_family(name, params)
+    g = torch.Generator().manual_seed(9)
+    # a mismatch shows only in the few tail elements and for ~2.5 % of inputs: many small draws
+    for M, B in [(3, 1), (5, 7), (12, 50), (13, 33)] + [(m, 3) for m in (1, 3, 5, 7, 13, 29) for _ in range(6)]:
+        x, y = make_data(family, B, g)
+        theta = torch.randn(5, M, family.dim, generator=g, dtype=D64) * 1.5
+        weights = torch.rand(5, M, B, generator=g, dtype=D64)
+        xs = None if x is None else x.expand(5, *x.shape)
+        ys = y.expand(5, *y.shape)
+        rows = {}
+        for K in (1, 2, 5):
+            stack = StackedFamily([family] * K, D64, "cpu")
+            t, xk, yk = theta[:K], None if xs is None else xs[:K], ys[:K]
+            got = {
+                "log_likelihood": stack.log_likelihood(t, xk, yk),
+                "log_prior": stack.log_prior(t),
+                "grad_log_likelihood": stack.grad_log_likelihood(t, xk, yk),
+                "grad_log_prior": stack.grad_log_prior(t),
+            }
+            if stack.weighted_gradients:
+                got["grad_weighted"] = stack.grad_weighted_log_likelihood(t, xk, yk, weights[:K])
+            for key, value in got.items():
+                first = rows.setdefault(key, value[0])
+                assert torch.equal(value[0], first), (key, M, B, K)

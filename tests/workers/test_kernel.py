@@ -558,6 +558,51 @@ def test_a_mixture_evaluates_block_and_mini_batch_in_one_weighted_gradient(contr
     torch.testing.assert_close(grad_u(theta, None), -exact)
 
 
+@pytest.mark.parametrize("whole", [[True, False], [True, True]])
+def test_a_mixture_whose_history_fits_a_batch_takes_its_exact_gradient(whole: list[bool]) -> None:
+    """A mixture model whose history fits one mini-batch gets its batch as its whole history, padded to ``|B|`` rows
+    of weight 0 (``workers.sgais._whole_rows``): its history term is the exact ``Σ_{y∈H} ∇ log p(y|θ)`` (no scale, no
+    control variates), bit for bit what it gets in a stack without anchors; the other model of a mixed stack keeps
+    its control-variate estimate."""
+    from models.base import Family
+    from workers import gradients
+
+    fams = [make_family("gmm", {"dim": 1, "components": 2, "variance_scale": v}) for v in (1.0, 2.5)]
+    stack = StackedFamily(fams, torch.float64, "cpu")
+    g = torch.Generator().manual_seed(5)
+    theta, anchor, G = (torch.randn(2, 5, fams[0].dim, generator=g, dtype=torch.float64) for _ in range(3))
+    yc, yb = (torch.randn(2, n, 1, generator=g, dtype=torch.float64) for n in (7, 11))
+    held = torch.tensor([6, 11])  # model 0 holds 6 rows: 5 rows of padding (a repeated row, weight 0)
+    yb[0, 6:] = yb[0, 5]
+    lam, scale = torch.tensor([0.3, 0.8], dtype=torch.float64), torch.tensor([0.55, 9.0], dtype=torch.float64)
+    is_whole = torch.tensor(whole)
+    rows = torch.where(is_whole[:, None], (torch.arange(11) < held[:, None]).double(), scale[:, None])
+    history = gradients.control_variates(gradients.minibatch(stack, scale, (is_whole, rows)), anchor, G)
+    grad_u = gradients.potential_gradient(stack, gradients.Batch(None, yc), lam, history)
+
+    def lik(points: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return Family.stacked_grad_log_likelihood(fams[0], points, None, y, stack.hp)
+
+    prior = torch.cat([Family.stacked_grad_log_prior(f, theta[k : k + 1], stack.select(torch.tensor([k])).hp)
+                       for k, f in enumerate(fams)])  # fmt: skip
+    exact = prior + lam[:, None, None] * lik(theta, yc)
+    expected = exact + scale[:, None, None] * (lik(theta, yb) - lik(anchor, yb)) + G  # control variates
+    expected[0] = exact[0] + lik(theta[:1], yb[:1, :6])[0]  # the whole history, exact
+    if all(whole):
+        expected[1] = exact[1] + lik(theta[1:], yb[1:])[0]
+    got = grad_u(theta, gradients.Batch(None, yb))
+    torch.testing.assert_close(got, -expected)
+    # model 0 alone, without anchors: the same bits
+    one = StackedFamily(fams[:1], torch.float64, "cpu")
+    alone = gradients.potential_gradient(
+        one, gradients.Batch(None, yc[:1]), lam[:1],
+        gradients.control_variates(
+            gradients.minibatch(one, scale[:1], (is_whole[:1], rows[:1])), anchor[:1], G[:1]
+        ),
+    )(theta[:1], gradients.Batch(None, yb[:1]))  # fmt: skip
+    assert torch.equal(alone, got[:1])
+
+
 @pytest.mark.parametrize(
     ("name", "params", "hyper"),
     [

@@ -136,6 +136,53 @@ def test_models_of_a_stack_share_the_key_and_hyperparameters_become_rows() -> No
         torch.testing.assert_close(lp[k], fam.log_prior(theta[k]), rtol=1e-15, atol=1e-12)
 
 
+def test_a_mixture_keeps_its_bits_beside_one_whose_history_is_exact(monkeypatch) -> None:
+    """Two-component mixtures take their exact history gradient while the history fits one mini-batch
+    (``workers.sgais._whole_rows``) and sample it with control variates afterwards: stacked together, one of each, every
+    model's trace is the bits it gets alone (alone, the first evaluates no anchors at all)."""
+    import workers.sgais as sgais
+
+    seen: list[list[bool]] = []
+    real = sgais._whole_rows
+
+    def spy(block, plan, whole, S):
+        seen.append(list(whole))
+        return real(block, plan, whole, S)
+
+    monkeypatch.setattr(sgais, "_whole_rows", spy)
+    g = torch.Generator().manual_seed(11)
+    y = torch.where(torch.rand(200, generator=g) < 0.3, -1.5, 1.0).double() + 0.5 * torch.randn(200, generator=g)
+    y = y.to(D64)
+
+    def engines() -> list[ModelEngine]:
+        mix = {"dim": 1, "components": 2}
+        sampler = {**SMALL, "batch_size": 100, "moves": "every_step", "warmup_observations": 1000}  # one particle count
+        return [
+            ModelEngine("gmm", mix, {**sampler, "seed": 11}),
+            ModelEngine("gmm", {**mix, "variance_scale": 0.5, "dirichlet_alpha": 2.0}, {**sampler, "seed": 12}),
+        ]
+
+    def run(stacked: bool) -> tuple[list, list]:
+        a, b = engines()
+        infos = [a.update(None, y[:120]), []]  # a's history (120) outgrows the batch (100): sampled, with anchors
+        chunks = [(None, y[120:180]), (None, y[130:190])]  # b starts: its history fits the batch
+        if stacked:
+            for k, res in enumerate(advance_stack([a, b], chunks)):
+                assert isinstance(res, list), res
+                infos[k] += res
+        else:
+            infos[0] += a.update(*chunks[0])
+            infos[1] += b.update(*chunks[1])
+        return infos, [_fingerprint(a), _fingerprint(b)]
+
+    infos, prints = run(False)
+    seen.clear()
+    got, got_prints = run(True)
+    assert [True, False] in seen or [False, True] in seen  # the two shared a stack, one exact and one sampled
+    assert got == infos
+    assert all(_same(u, v) for u, v in zip(got_prints, prints, strict=True))
+
+
 @pytest.mark.parametrize("include_history", [True, False])
 def test_restore_in_another_stack_composition_is_bit_identical(alone, include_history: bool) -> None:
     """First half in one stack, checkpoint every model, restore, second half in other stacks."""
