@@ -524,13 +524,25 @@ def test_sufficient_statistics_give_the_autograd_gradients_of_prior_and_likeliho
         torch.testing.assert_close(folded, expected)
 
 
+def _autograd_terms(fams: list, stack: StackedFamily, theta: torch.Tensor) -> tuple:
+    """``(lik(points, y), prior)``: the likelihood gradient of ``stack``'s family and each model's prior gradient at
+    ``theta``, by autograd (``models.base.Family``'s generic methods), for the closed forms to be checked against."""
+    from models.base import Family
+
+    def lik(points: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return Family.stacked_grad_log_likelihood(fams[0], points, None, y, stack.hp)
+
+    prior = torch.cat([Family.stacked_grad_log_prior(f, theta[k : k + 1], stack.select(torch.tensor([k])).hp)
+                       for k, f in enumerate(fams)])  # fmt: skip
+    return lik, prior
+
+
 @pytest.mark.parametrize("control_variates", [False, True])
 def test_a_mixture_evaluates_block_and_mini_batch_in_one_weighted_gradient(control_variates: bool) -> None:
     """Mixtures (``weighted_gradients``) take an SGHMC step's block and mini-batch rows, at the particles and the
     control variates' anchors, in one weighted evaluation (``workers.gradients._one_evaluation``): the same
     ``∇Û = −[∇log p(θ) + λ∇ℓ(θ, C) + s∇ℓ(θ, B) (− s∇ℓ(a, B) + G)]`` as the terms evaluated apart by autograd, per
     model of a stack of different hyperparameters, λ and s; without a mini-batch the block's exact term alone."""
-    from models.base import Family
     from workers import gradients
 
     fams = [make_family("gmm", {"dim": 2, "components": 3, "variance_scale": v}) for v in (1.0, 2.5)]
@@ -545,11 +557,7 @@ def test_a_mixture_evaluates_block_and_mini_batch_in_one_weighted_gradient(contr
         history = gradients.control_variates(history, anchor, G)
     grad_u = gradients.potential_gradient(stack, gradients.Batch(None, yc), lam, history)
 
-    def lik(points: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return Family.stacked_grad_log_likelihood(fams[0], points, None, y, stack.hp)
-
-    prior = torch.cat([Family.stacked_grad_log_prior(f, theta[k : k + 1], stack.select(torch.tensor([k])).hp)
-                       for k, f in enumerate(fams)])  # fmt: skip
+    lik, prior = _autograd_terms(fams, stack, theta)
     exact = prior + lam[:, None, None] * lik(theta, yc)
     expected = exact + scale[:, None, None] * lik(theta, yb)
     if control_variates:
@@ -564,7 +572,6 @@ def test_a_mixture_whose_history_fits_a_batch_takes_its_exact_gradient(whole: li
     of weight 0 (``workers.sgais._whole_rows``): its history term is the exact ``Σ_{y∈H} ∇ log p(y|θ)`` (no scale, no
     control variates), bit for bit what it gets in a stack without anchors; the other model of a mixed stack keeps
     its control-variate estimate."""
-    from models.base import Family
     from workers import gradients
 
     fams = [make_family("gmm", {"dim": 1, "components": 2, "variance_scale": v}) for v in (1.0, 2.5)]
@@ -580,11 +587,7 @@ def test_a_mixture_whose_history_fits_a_batch_takes_its_exact_gradient(whole: li
     history = gradients.control_variates(gradients.minibatch(stack, scale, (is_whole, rows)), anchor, G)
     grad_u = gradients.potential_gradient(stack, gradients.Batch(None, yc), lam, history)
 
-    def lik(points: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return Family.stacked_grad_log_likelihood(fams[0], points, None, y, stack.hp)
-
-    prior = torch.cat([Family.stacked_grad_log_prior(f, theta[k : k + 1], stack.select(torch.tensor([k])).hp)
-                       for k, f in enumerate(fams)])  # fmt: skip
+    lik, prior = _autograd_terms(fams, stack, theta)
     exact = prior + lam[:, None, None] * lik(theta, yc)
     expected = exact + scale[:, None, None] * (lik(theta, yb) - lik(anchor, yb)) + G  # control variates
     expected[0] = exact[0] + lik(theta[:1], yb[:1, :6])[0]  # the whole history, exact
