@@ -47,6 +47,17 @@ MODELS = [
     ("ar-a", "autoregressive", {"order": 1}, {"seed": 7, "reanneal_steps": 2}, "ar", 4),
     ("ar-b", "autoregressive", {"order": 1, "variance_shape": 3.0}, {"seed": 8}, "ar", 4),
     ("lr-nig-a", "linear_regression", {"features": 3, "noise_std": None}, {"seed": 9}, "lr", 0),
+    # mixtures (the first two take their exact history until it outgrows their batch of 100)
+    ("mix-a", "gmm", {"dim": 1, "components": 2}, {"seed": 11, "batch_size": 100}, "gmm", 2),
+    (
+        "mix-b",
+        "gmm",
+        {"dim": 1, "components": 2, "dirichlet_alpha": 2.0, "variance_scale": 0.5},
+        {"seed": 12, "batch_size": 100},
+        "gmm",
+        3,
+    ),
+    ("mix-c", "gmm", {"dim": 1, "components": 3}, {"seed": 13}, "gmm", 3),
     (
         "lr-nig-b",
         "linear_regression",
@@ -104,6 +115,7 @@ def alone() -> dict[str, tuple[list, tuple]]:
         ["gmm-c", "gmm-a", "gmm-b"],  # different priors in one stack
         ["ar-b", "ar-a"],  # one re-anneals, the other does not
         ["lr-nig-b", "lr-nig-a"],  # unknown noise (normal–inverse-gamma), different priors
+        ["mix-b", "mix-c", "mix-a"],  # mixtures: two of 2 components (different priors, one stack), one of 3
         [m[0] for m in MODELS],  # three families in one call: three stacks
         list(reversed([m[0] for m in MODELS])),
     ],
