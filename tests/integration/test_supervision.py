@@ -181,8 +181,9 @@ def test_serve_restarts_a_dead_worker_and_its_workers_die_with_it(settings):
         assert serve.poll() is None
         # the restarted worker works: it heartbeats
         r = redis.Redis.from_url(settings.redis_url)
+        # members are "host-pid-hex": match the pid whole (a substring could match the killed worker's stale entry)
         wait_until(
-            lambda: any(str(worker) in m.decode() for m in r.zrange(f"{settings.key_prefix}:workers", 0, -1)), 60
+            lambda: any(f"-{worker}-" in m.decode() for m in r.zrange(f"{settings.key_prefix}:workers", 0, -1)), 60
         )
         serve.send_signal(signal.SIGKILL)  # no cleanup runs in serve: the worker must notice by itself
         serve.wait()
