@@ -77,16 +77,19 @@ class Minibatch:
     ``scale · (c_B − θ A_B)``, and the difference at two points is ``−scale · (θ − a) A_B``.
     """
 
-    def __init__(self, model: StackedFamily, scale: torch.Tensor, whole: torch.Tensor | None = None):
+    def __init__(
+        self, model: StackedFamily, scale: torch.Tensor, whole: tuple[torch.Tensor, torch.Tensor] | None = None
+    ):
         self.model = model
         self.scale = scale[:, None, None].to(model.hp_dtype)
         self.neg_scale = -self.scale
         #: ``[K]`` bool or None: the models whose batch is their whole history (``weighted_gradients`` families,
-        #: :func:`workers.sgais._whole_rows`), weighted by :attr:`row_weights`, without control variates
-        self.whole = whole
+        #: :func:`workers.sgais._whole_rows`), weighted by :attr:`row_weights`, without control variates; read by
+        #: :func:`_one_evaluation` only
+        self.whole = None if whole is None else whole[0]
         #: ``[K, |B|]`` or None: a weight per batch row in place of ``scale``: 1 on each of a whole model's held rows,
         #: 0 on the padding that fills its batch to ``|B|`` rows, ``scale`` for the others
-        self.row_weights: torch.Tensor | None = None
+        self.row_weights = None if whole is None else whole[1].to(model.hp_dtype)
 
     def __call__(self, theta: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.model.quadratic:
@@ -96,9 +99,8 @@ class Minibatch:
         if self.model.sufficient_statistics:
             return self.model.grad_from_statistics(theta, self.scale[:, :, 0] * self._statistics(batch))
         assert batch.y is not None
-        if self.row_weights is not None:
-            w = self.row_weights[:, None, :].expand(theta.shape[0], theta.shape[1], -1)
-            return self.model.grad_weighted_log_likelihood(theta, batch.x, batch.y, w)
+        if self.row_weights is not None:  # whole histories are weighted_gradients families': _one_evaluation's
+            raise ValueError("a batch with whole histories is evaluated by potential_gradient, not called directly")
         return self.scale * self.model.grad_log_likelihood(theta, batch.x, batch.y)
 
     def _statistics(self, batch: Batch) -> torch.Tensor:
@@ -163,10 +165,7 @@ def minibatch(
 ) -> Minibatch:
     """The plain mini-batch estimator (:class:`Minibatch`); ``whole``: ``(models [K] bool, row weights [K, |B|])`` of a
     ``weighted_gradients`` family whose batches are, for those models, their whole history."""
-    out = Minibatch(model, scale, None if whole is None else whole[0])
-    if whole is not None:
-        out.row_weights = whole[1].to(model.hp_dtype)
-    return out
+    return Minibatch(model, scale, whole)
 
 
 def control_variates(base: HistoryEstimator, anchor: torch.Tensor, anchor_grad: torch.Tensor) -> ControlVariates:
