@@ -153,9 +153,29 @@ def _workers_ready(url: str) -> int:
         return 0
 
 
+def _diagnose(pid: int, log_path) -> str:
+    """What a worker that outlived its supervisor was doing: its state, parent and threads' kernel waits (from
+    /proc), and the tail of the log it shared with ``sgais serve``."""
+    lines = []
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            lines += [x.strip() for x in f if x.startswith(("State", "PPid", "Threads", "SigCgt", "SigBlk", "SigPnd"))]
+        for task in sorted(os.listdir(f"/proc/{pid}/task")):
+            try:
+                with open(f"/proc/{pid}/task/{task}/comm") as c, open(f"/proc/{pid}/task/{task}/wchan") as w:
+                    lines.append(f"thread {task} {c.read().strip()} waits in {w.read().strip() or '-'}")
+            except OSError:  # the thread ended meanwhile
+                continue
+    except OSError as err:
+        lines.append(f"/proc: {err}")
+    tail = log_path.read_text(errors="replace").splitlines()[-40:] if log_path.exists() else ["(no log)"]
+    return "\n".join([*lines, "--- log tail ---", *tail])
+
+
 @pytest.mark.slow
-def test_serve_restarts_a_dead_worker_and_its_workers_die_with_it(settings):
+def test_serve_restarts_a_dead_worker_and_its_workers_die_with_it(settings, tmp_path):
     port = _free_port()
+    log_path = tmp_path / "serve.log"
     env = {
         **os.environ,
         "SGAIS_KEY_PREFIX": settings.key_prefix,
@@ -163,11 +183,12 @@ def test_serve_restarts_a_dead_worker_and_its_workers_die_with_it(settings):
         "SGAIS_RESTART_BACKOFF_SECONDS": "0.5",
         "PYTHONPATH": os.getcwd(),
     }
+    log_file = open(log_path, "wb")  # serve's and its workers' (inherited) output, for the failure message
     serve = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--redis-url", settings.redis_url],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     worker = None
@@ -192,6 +213,8 @@ def test_serve_restarts_a_dead_worker_and_its_workers_die_with_it(settings):
         if serve.poll() is None:
             serve.kill()
             serve.wait()
+        log_file.close()
         if worker is not None and _alive(worker):
+            diagnosis = _diagnose(worker, log_path)
             os.kill(worker, signal.SIGKILL)
-            pytest.fail(f"worker {worker} outlived sgais serve")
+            pytest.fail(f"worker {worker} outlived sgais serve:\n{diagnosis}")
