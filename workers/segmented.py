@@ -113,6 +113,11 @@ class _Step:
     info: BlockInfo | None = None  # the main population's
     value: float = math.nan  # its per-observation log-predictive (nats)
 
+    def live_state(self, j: int) -> Any:
+        """Population ``j``'s state before the block in :func:`_locate`'s order: the main's for 0, else that of
+        live challenger ``j − 1`` (:attr:`alive`: the challengers that did not fail on the block)."""
+        return self.states[0] if j == 0 else self.alive[j - 1][1]
+
 
 #: :func:`_locate`'s answer for one block: the start's row ``k``, each population's log-predictive of the rows before
 #: it (nats), the tail's (mean per-row log-predictive, rows) and each population's ESS fraction
@@ -274,33 +279,43 @@ def _started(
     return spawns
 
 
-def _annealed_prefixes(requests: list[tuple[_Step, Any]]) -> list[tuple[float, float] | None]:
-    """Per ``(step, where)`` (``where``: :func:`_locate`'s answer for the step's block, or its exception), the closed
-    segment's ``(log Ẑ, Var log Ẑ)`` up to the start by SGAIS (:meth:`SegmentedEngine._prefix_copy`), where the
-    importance weights' ESS is below :data:`PREFIX_ESS`; else None.  The copies absorb their rows in one
+def _annealed_prefixes(requests: list[tuple[_Step, Any]]) -> list[list[tuple[float, float] | None]]:
+    """Per ``(step, where)`` (``where``: :func:`_locate`'s answer for the step's block, or its exception), each live
+    population's ``(log Ẑ, Var log Ẑ)`` up to the start by SGAIS (:meth:`SegmentedEngine._prefix_copy`; main first,
+    then the step's live challengers), where its importance weights' ESS is below :data:`PREFIX_ESS`; else None.
+    The main population's closes its segment if the new challenger wins; a live challenger's closes that challenger's
+    segment if it wins first and the new one is then confirmed against it (:meth:`SegmentedEngine._confirm` re-bases
+    the later challengers).  Session 31, the demo's gmm1 on its seven series: the four segments closed by a re-based
+    challenger, scored by importance weights of ESS 0.03-0.15, were 0.5-3.4 nats low at 6-32 of their standard
+    errors; the eighteen scored by SGAIS within 1.5 of theirs but one (3).  The copies absorb their rows in one
     :func:`~workers.stacking.advance_stack` call (each gets the bits it gets alone)."""
-    out: list[tuple[float, float] | None] = [None] * len(requests)
-    copies: list[tuple[int, ModelEngine]] = []
+    out: list[list[tuple[float, float] | None]] = [
+        [None] * (len(where[3]) if not isinstance(where, Exception) else 0) for _, where in requests
+    ]
+    copies: list[tuple[int, int, ModelEngine]] = []
     blocks = []  # each copy's rows: the block's before the start
     for i, (st, where) in enumerate(requests):
-        if isinstance(where, Exception) or where[3][0] >= PREFIX_ESS:
+        if isinstance(where, Exception):
             continue
         k = where[0]
-        eng = st.seg._prefix_copy(st, k)
-        if eng is not None:
-            copies.append((i, eng))
-            blocks.append((st.xb[:k] if st.xb is not None else None, st.yb[:k]))
+        for j, ess in enumerate(where[3]):
+            if ess >= PREFIX_ESS:
+                continue
+            eng = st.seg._prefix_copy(st, k, j)
+            if eng is not None:
+                copies.append((i, j, eng))
+                blocks.append((st.xb[:k] if st.xb is not None else None, st.yb[:k]))
     try:
-        results = advance_stack([e for _, e in copies], blocks, validated=True) if copies else []
+        results = advance_stack([e for _, _, e in copies], blocks, validated=True) if copies else []
     except Exception as err:  # not a sampler's failure (those are per copy): every importance estimate stands
         log.warning("scoring the closed segments' last values failed (%s)", err)
         return out
-    for (i, eng), res in zip(copies, results, strict=True):
+    for (i, j, eng), res in zip(copies, results, strict=True):
         st, k = requests[i][0], requests[i][1][0]
         if isinstance(res, Exception):  # e.g. the copy's SGHMC diverged: the importance estimate stands, with its flag
             log.warning("change at %d: scoring the closed segment's last values failed (%s)", st.first + k, res)
-        elif not (eng.degraded and not st.states[0].degraded):  # flagged by the copy's own checks: not used
-            out[i] = (eng.log_evidence, eng._st.log_evidence_var)
+        elif not (eng.degraded and not st.live_state(j).degraded):  # flagged by the copy's own checks: not used
+            out[i][j] = (eng.log_evidence, eng._st.log_evidence_var)
     return out
 
 
@@ -716,55 +731,65 @@ class SegmentedEngine:
         return cp.drop_score(self.state, self.cp, *tail, self._baseline()) >= _bonferroni_level(self.cp.spawn_z, m)
 
     def _spawn(
-        self, step: _Step, k: int, prefix: list[float], ess: list[float], annealed: tuple[float, float] | None = None
+        self,
+        step: _Step,
+        k: int,
+        prefix: list[float],
+        ess: list[float],
+        annealed: list[tuple[float, float] | None] | None = None,
     ) -> Challenger:
         """The challenger started at row ``k`` of the block (:func:`_locate`; ``prefix``: each live population's
         log-predictive of the rows before it, nats, ``ess`` the ESS fraction of its importance weights); its prior
         population is drawn with the round's other new challengers (:func:`_started`), and it absorbs the block from
-        there in a second stacked call.  ``annealed``: the main segment's ``(log Ẑ, Var log Ẑ)`` up
-        to the start by SGAIS (:func:`_annealed_prefixes`), which replaces the importance estimate where given."""
+        there in a second stacked call.  ``annealed``: each live population's ``(log Ẑ, Var log Ẑ)`` up to the start
+        by SGAIS, or None (:func:`_annealed_prefixes`), which replaces the importance estimate where given (its ESS
+        then counts as 1: nothing to flag)."""
         alive = step.alive
-        bases = {c.start: s.log_evidence + p for (c, s), p in zip(alive, prefix[1:], strict=True)}
-        base_vars = {c.start: s.log_evidence_var for c, s in alive}
-        main = step.states[0]
+        scored = [
+            (s.log_evidence + p, s.log_evidence_var, e) if a is None else (a[0], a[1], 1.0)
+            for s, p, e, a in zip(
+                step.states[:1] + [s for _, s in alive], prefix, ess, annealed or [None] * len(prefix), strict=True
+            )
+        ]  # fmt: skip
         step.spawn_k = k
-        base, base_var, base_ess = main.log_evidence + prefix[0], main.log_evidence_var, ess[0]
-        if annealed is not None:
-            base, base_var = annealed
+        base, base_var, base_ess = scored[0]
+        bases = {c.start: v for (c, _), (v, _, _) in zip(alive, scored[1:], strict=True)}
+        base_vars = {c.start: v for (c, _), (_, v, _) in zip(alive, scored[1:], strict=True)}
         step.spawn, step.spawn_context = self._new_challenger(
             step.first + k, k, base, base_var, bases, base_vars, step.xb, step.yb
         )
         step.spawn.base_ess = base_ess
-        step.spawn.bases_ess = {c.start: e for (c, _), e in zip(alive, ess[1:], strict=True)}
+        step.spawn.bases_ess = {c.start: e for (c, _), (_, _, e) in zip(alive, scored[1:], strict=True)}
         return step.spawn
 
-    def _prefix_copy(self, step: _Step, k: int) -> ModelEngine | None:
-        """A copy of the main population before the block, to score the main segment's values up to row ``k`` of
-        the block by SGAIS itself (:func:`_annealed_prefixes`, where the importance weights' ESS is below
-        :data:`PREFIX_ESS`): its history copied back to that point, its own random stream
-        :func:`workers.changepoint.challenger_seed` of ``−start − 1``.  The importance estimate from the weights
-        before the block (:func:`_locate`) degenerates over many rows: on the demo's series 20-37 values at an ESS
-        of 1 of 50 particles put closed segments 33-40 nats low (session 21).  The estimate stands (flagged by its
-        ESS at confirmation) where this returns None: a reservoir history that has started replacing rows, or a
-        copy that cannot be made; or where the copy fails or its own checks flag it (a population flagged before
-        the block is the main's flag, which a confirmation keeps).  Run only where the ESS is low (where the value
-        is flagged anyway): at every start it cost 128 stacked gmm models 26-73% more worker time per block
-        (``bench/many_models.py``, session 21)."""
-        pre = step.states[0]
+    def _prefix_copy(self, step: _Step, k: int, j: int = 0) -> ModelEngine | None:
+        """A copy of population ``j`` (0: the main, ``i + 1``: the step's live challenger ``i``) before the block, to
+        score its segment's values up to row ``k`` of the block by SGAIS itself (:func:`_annealed_prefixes`, where the
+        importance weights' ESS is below :data:`PREFIX_ESS`): its history copied back to that point, its own random
+        stream :func:`workers.changepoint.challenger_seed` of ``−start − 1`` (from the population's own seed).  The
+        importance estimate from the weights before the block (:func:`_locate`) degenerates over many rows: on the
+        demo's series 20-37 values at an ESS of 1 of 50 particles put closed segments 33-40 nats low (session 21).
+        The estimate stands (flagged by its ESS at confirmation) where this returns None: a reservoir history that
+        has started replacing rows, or a copy that cannot be made; or where the copy fails or its own checks flag it
+        (a population flagged before the block is that population's flag, which a confirmation keeps).  Run only
+        where the ESS is low (where the value is flagged otherwise): at every start it cost 128 stacked gmm models
+        26-73% more worker time per block (``bench/many_models.py``, session 21)."""
+        pre = step.live_state(j)
+        owner = self.main if j == 0 else step.alive[j - 1][0].engine
+        seed = self.seed if j == 0 else step.alive[j - 1][0].seed
         hist = pre.history
-        n_prev = hist.seen - int(step.info.observations if step.info is not None else 0)
+        rows = int(step.info.observations if step.info is not None else 0)  # the block's likelihood rows (all alike)
         if hist.capacity is not None and hist.seen > hist.size:
             return None
         try:
-            copy = History(capacity=hist.capacity, seed=self.seed, dtype=hist.dtype, device=hist.device)
+            copy = History(capacity=hist.capacity, seed=seed, dtype=hist.dtype, device=hist.device)
             copy.load_state_tensors(hist.state_tensors(), seen=hist.seen)
-            copy.truncate(n_prev)
-            seed = cp.challenger_seed(self.seed, -(step.first + k) - 1)
-            settings = self.main.settings.model_copy(update={"seed": seed})
+            copy.truncate(hist.seen - rows)
+            settings = owner.settings.model_copy(update={"seed": cp.challenger_seed(seed, -(step.first + k) - 1)})
             eng = ModelEngine(self.family, sampler=settings, _init_state=False)
             eng.state = pre._replace(history=copy)
-            eng.observations = step.first - self.skipped
-            eng.evidence_var_since = self.main.evidence_var_since
+            eng.observations = owner.observations - int(step.yb.shape[0])
+            eng.evidence_var_since = owner.evidence_var_since
         except Exception as err:
             log.warning("change at %d: scoring the closed segment's last values failed (%s)", step.first + k, err)
             return None

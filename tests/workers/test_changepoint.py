@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -219,16 +221,24 @@ def test_a_flagged_segment_keeps_the_model_flagged_after_the_change_that_closes_
 
 
 @pytest.mark.slow
-def test_a_closed_segment_scored_by_too_few_particles_is_flagged():
-    """A change placed deep inside a block closes its segment with the block's values before it, scored by a copy
-    of the population before the block (SegmentedEngine._annealed_prefix); when those values reweight that
-    population to an ESS below PREFIX_ESS of the particles, they moved it further than an annealing step may, the
-    closed segment's value is not certified and the model says so.  A 4-sd shift at 245 (blocks of 50, 10
-    particles): 45 values reweight the population to an ESS of 0.46 of the particles; at 230 (30 values) the ESS
-    stays above 0.5."""
+def test_a_closed_segments_last_values_are_scored_by_sgais_where_importance_weights_degenerate(monkeypatch):
+    """A change placed deep inside a block closes its segment with the block's values before it.  Where those
+    values reweight the population before the block to an ESS below PREFIX_ESS of the particles (they moved it
+    further than an annealing step may), a copy of that population absorbs them by SGAIS
+    (SegmentedEngine._prefix_copy): the closed segment is then certified, within three of its standard errors of
+    the exact normal–inverse-gamma evidence.  Where no copy can be scored, the importance estimate stands and the
+    model says it is not certified.  A 4-sd shift at 245 (blocks of 50, 10 particles): 45 values reweight the
+    population to an ESS of 0.46 of the particles; at 230 (30 values) the ESS stays above 0.5."""
+    from models.conjugate import gmm_one_component_log_evidence
     from workers.segmented import PREFIX_ESS
 
     late = shifted(400, 245, 4.0, seed=3)
+    eng, alerts, _ = run(late, {**CHEAP, "block_size": 50, "seed": 5}, 50)
+    assert [a["observation_index"] for a in alerts] == [245]
+    assert eng.closed_degraded is None
+    exact = gmm_one_component_log_evidence(np.asarray(late[:245]))
+    assert abs(eng.offset - exact) <= 3 * math.sqrt(eng.offset_var)
+    monkeypatch.setattr(SegmentedEngine, "_prefix_copy", lambda self, step, k, j=0: None)  # no copy can be made
     eng, alerts, _ = run(late, {**CHEAP, "block_size": 50, "seed": 5}, 50)
     assert [a["observation_index"] for a in alerts] == [245]
     assert eng.closed_degraded is not None and "importance weights of ESS 0.46" in eng.closed_degraded
@@ -236,6 +246,40 @@ def test_a_closed_segment_scored_by_too_few_particles_is_flagged():
     early = shifted(400, 230, 4.0, seed=4)
     eng, alerts, _ = run(early, {**CHEAP, "block_size": 50, "seed": 5}, 50)
     assert [a["observation_index"] for a in alerts] == [230] and eng.closed_degraded is None
+
+
+@pytest.mark.slow
+def test_a_rebased_challengers_closed_segment_is_scored_by_sgais(monkeypatch):
+    """Two shifts 23 values apart (47 and 70, blocks of 50): the challenger at 70 starts while the one at 47 has
+    absorbed 3 values, so its base against that challenger (the segment 47-69 if 47 is confirmed first,
+    SegmentedEngine._confirm) is 20 values that reweight a 3-value posterior.  Its importance weights degenerate
+    (ESS 0.18 of the particles with this seed), so a copy of that challenger's population scores those values by
+    SGAIS.  Session 31: the demo's gmm1 on its seven series had four segments closed this way, 0.5-3.4 nats low at
+    6-32 of their standard errors before; here the whole stream's evidence given its change points is within
+    three standard errors of the exact value, and certified."""
+    from models.conjugate import gmm_one_component_log_evidence
+
+    g = torch.Generator().manual_seed(2)
+    y = torch.randn(300, generator=g, dtype=torch.float64)
+    y[47:] += 3.0
+    y[70:] += 3.0
+    scored = []
+    copy = SegmentedEngine._prefix_copy
+
+    def spy(self, step, k, j=0):
+        scored.append(j)
+        return copy(self, step, k, j)
+
+    monkeypatch.setattr(SegmentedEngine, "_prefix_copy", spy)
+    sampler = {"block_size": 50, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": 0}  # the demo's
+    eng, alerts, _ = run(y.tolist(), sampler, 50)
+    found = [a["observation_index"] for a in alerts]
+    assert found == [47, 70]
+    assert any(j > 0 for j in scored)  # a live challenger's population was copied
+    bounds = [0, *found, 300]
+    exact = sum(gmm_one_component_log_evidence(y[a:b].numpy()) for a, b in itertools.pairwise(bounds))
+    assert eng.degraded is None
+    assert abs(eng.log_evidence - exact) <= 3 * eng.log_evidence_se
 
 
 def test_old_checkpoint_without_challengers_restores():
