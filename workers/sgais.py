@@ -839,15 +839,18 @@ def _whole_rows(
     assert batches is not None
     _, y, offsets = batches.source()
     K, B = len(whole), batches.batch_size
-    out = plan if plan is not None else torch.zeros((K, S, B), dtype=torch.long, device=y.device)
-    weights = (block.n_prev / B)[:, None].expand(K, B).clone()
-    cols = torch.arange(B, device=y.device)
-    for j, (k, w) in enumerate(zip(block.models, whole, strict=True)):
-        if w:
-            held = batches.sizes[k]
-            out[j] = offsets[k] + cols.clamp_max(held - 1)
-            weights[j] = (cols < held).to(weights.dtype)
-    return out, (torch.tensor(whole, device=y.device), weights)
+    dev = y.device
+    mask = torch.tensor(whole, device=dev)
+    # every model's held rows at once (one tensor op each, not a loop over the stack's models on every move)
+    held = torch.tensor([batches.sizes[k] for k in block.models], device=dev)[:, None]  # [K, 1]
+    first = torch.tensor([offsets[k] for k in block.models], device=dev)[:, None]
+    cols = torch.arange(B, device=dev)
+    rows = first + torch.minimum(cols, (held - 1).clamp_min(0))  # [K, |B|], the last held row repeated
+    padded = rows[:, None, :].expand(K, S, B)
+    drawn = plan if plan is not None else torch.zeros((K, S, B), dtype=torch.long, device=dev)
+    out = torch.where(mask[:, None, None], padded, drawn)
+    weights = torch.where(mask[:, None], (cols < held).to(block.n_prev.dtype), (block.n_prev / B)[:, None])
+    return out, (mask, weights)
 
 
 def _statistics_per_step(
