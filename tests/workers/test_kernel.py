@@ -119,10 +119,15 @@ def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> No
 
 
 def test_resampling_preserves_the_evidence_estimate() -> None:
-    e = _engine(SamplerSettings(particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0))
+    e = _engine(
+        SamplerSettings(
+            particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0, restart_small_history=False
+        )
+    )
     x, y = linear_data(21)
     # one row first: the block below is then annealed (a population's first block that its prior draws do not
-    # cover is taken from the Laplace start in one increment, workers.conflict)
+    # cover is taken from the Laplace start in one increment, workers.conflict; and without restarts, a block as
+    # large as the history is not replayed from the prior, workers.stacking._restart)
     e.update(x[:1], y[:1])
     x, y = x[1:], y[1:]
     before = e.state.log_evidence_uncorrected
@@ -159,7 +164,11 @@ def test_adaptive_moves_leave_a_one_step_block_in_place_unless_it_resamples(move
 
 
 def test_guard_on_annealing_steps_is_reported() -> None:
-    e = _engine(SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, block_size=200, seed=0))
+    e = _engine(
+        SamplerSettings(
+            particles=8, burn_in=2, max_annealing_steps=2, block_size=200, seed=0, restart_small_history=False
+        )
+    )
     x, y = linear_data(201)
     e.update(x[:1], y[:1])  # the block below is annealed, not taken from a Laplace start (workers.conflict)
     (info,) = e.update(x[1:], y[1:])
@@ -178,6 +187,10 @@ def test_nan_in_the_block_raises_and_leaves_the_state_alone() -> None:
 
 
 # ----- determinism and checkpoints --------------------------------------------------------------
+
+# the re-annealing policy's own replays only: no restart of a block as large as the history (SMALL's second block
+# is; workers.stacking._restart, which also reports ``reannealed``)
+POLICY_ONLY = {"restart_small_history": False}
 
 # warm-up with 12 particles for the first 300 observations: resumes cross the reduction to 6
 SMALL = {
@@ -290,7 +303,11 @@ def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
 
 
 def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
-    e = _engine(SamplerSettings(particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0))
+    e = _engine(
+        SamplerSettings(
+            particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0, restart_small_history=False
+        )
+    )
     g = torch.Generator().manual_seed(0)
     assert e.state.theta.shape[0] == 16
     e.state = e.state._replace(log_w=torch.randn(16, generator=g, dtype=torch.float64))
@@ -310,11 +327,13 @@ def test_reannealing_happens_at_most_once_per_doubling_after_the_warmup() -> Non
     """reanneal_steps=1 marks every block after the warm-up (300 observations) as a change, so the
     re-annealings follow the doubling rule alone: at 400 (the first eligible block), 800, 1600."""
     x, y = linear_data(1600)
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1, "reanneal_growth": 2.0})
+    e = ModelEngine(
+        "linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1, "reanneal_growth": 2.0, **POLICY_ONLY}
+    )
     infos = e.update(x, y)
     assert [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed] == [400, 800, 1600]
     assert e.state.n_reanneal == 1600
-    off = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": None})
+    off = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": None, **POLICY_ONLY})
     assert not any(i.reannealed for i in off.update(x, y))
 
 
@@ -331,7 +350,7 @@ def test_reannealing_follows_a_change_for_reanneal_horizon(horizon: float) -> No
     e = ModelEngine(
         "linear_regression",
         {"features": 3},
-        {**SMALL, "reanneal_steps": 10, "reanneal_horizon": horizon, "change_burn_in": None},
+        {**SMALL, "reanneal_steps": 10, "reanneal_horizon": horizon, "change_burn_in": None, **POLICY_ONLY},
     )
     infos = e.update(x, y)
     assert max(i.annealing_steps for i in infos[3:6]) < 10 <= infos[6].annealing_steps
@@ -357,7 +376,7 @@ def test_reannealing_calls_the_heartbeat_between_replay_blocks() -> None:
     as absorbing them did, longer than a lease's TTL for large n."""
     x, y = linear_data(800)
     calls = []
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1})
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1, **POLICY_ONLY})
     infos = e.update(x, y, heartbeat=lambda: calls.append(e.state.history.seen))
     replayed = [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed]
     assert replayed and len(calls) == sum(-(-n // SMALL["block_size"]) for n in replayed)
@@ -377,7 +396,7 @@ def test_a_replay_keeps_the_warmup_population_to_its_end(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(stacking, "reduce_particles", spy)
     x, y = linear_data(1000)
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1})
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1, **POLICY_ONLY})
     infos = e.update(x, y)
     replayed = [100 * (i + 1) for i, info in enumerate(infos) if info.reannealed]
     # the running warm-up ends at 300 observations; each replay's population is reduced after its last row
@@ -389,7 +408,7 @@ def test_an_aborted_reannealing_leaves_the_block_unabsorbed() -> None:
     """A heartbeat that raises (the worker lost its lease) aborts the block: history and state stay
     as they were, and the engine can go on absorbing."""
     x, y = linear_data(800)
-    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1})
+    e = ModelEngine("linear_regression", {"features": 3}, {**SMALL, "reanneal_steps": 1, **POLICY_ONLY})
     e.update(x[:300], y[:300])
     before = e.state
 
@@ -800,7 +819,8 @@ def test_warmup_burn_in_grows_with_the_dimension_up_to_change_burn_in(
 
     monkeypatch.setattr(stacking, "_run_stack", spy)
     x, y = linear_data(500, d=features)
-    sampler = {**SMALL, "change_burn_in": change_burn_in, "reanneal_steps": None}
+    # no restart: the second block (as many rows as the history) would be replayed from the prior in one block
+    sampler = {**SMALL, "change_burn_in": change_burn_in, "reanneal_steps": None, "restart_small_history": False}
     e = ModelEngine("linear_regression", {"features": features}, sampler)
     e.update(x, y)
     dim = e.state.theta.shape[-1]
