@@ -654,6 +654,11 @@ class SegmentedEngine:
         # (workers.stacking.warmup_burn_in): a confirmed challenger's population becomes the model's, and with the
         # cheaper moves alone the thesis stream's in-order gmm-7 (20 parameters) ended 314 nats lower in the one
         # run compared (bench/README.md, "Warm-up burn-in")
+        # no restarts from the prior (workers.stacking._restart_begin): like the lower ESS target, a challenger's
+        # log Ẑ' only needs to be good against the confirmation level, and its second block is nearly always as large
+        # as its history: with restarts a live 5-value feed of a one-component gmm took 45% more engine time
+        # (12 restarts in 20 blocks, 9 of them challengers'; session 31).  A confirmed challenger gets the model's back.
+        over["restart_min_rows"] = None
         return SamplerSettings.model_validate({**model.model_dump(), **over})
 
     def _ess_target(self, particles: int) -> float:

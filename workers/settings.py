@@ -88,11 +88,14 @@ class SamplerSettings(BaseModel):
         True, description="mini-batch gradients with control variates around per-particle anchors"
     )
     anchor_growth: float = Field(2.0, gt=1, le=1000, description="re-anchor when the history has grown by this factor")
-    restart_small_history: bool = Field(
-        True,
-        description="a block holding at least as many rows as the history is absorbed by a fresh run from the prior "
-        "over both (its evidence replaces the running one): SGHMC moves lag a posterior that contracts that fast "
-        "(the stream's first values, a challenger's second block); the replayed rows stay below twice the stream's",
+    restart_min_rows: int | None = Field(
+        16,
+        ge=1,
+        description="a block of at least this many rows and at least as many as the history is absorbed by a fresh "
+        "run from the prior over both (its evidence replaces the running one, as a re-annealing's does): SGHMC moves "
+        "lag a posterior that contracts that fast, e.g. a stream's first values, which change-point models absorb in "
+        "sub-blocks of 1, 2, 4, ... values; each restart at least doubles the history, so the replayed rows stay "
+        "below twice the stream's. null = never",
     )
     history_capacity: int | None = Field(
         None,

@@ -83,9 +83,9 @@ def test_sigkilled_worker_resumes_bit_identical(api, settings):
     assert kills >= 3
     check_traces(api, chunks)
     trace = api.get("/v1/models/m3/trace", params={"limit": 10000}).json()["items"]
-    # the policy's re-annealings, and before them two restarts: blocks as large as the history in the first
-    # chunk's change-point ramp (sampler.restart_small_history, workers.stacking._restart)
-    assert [r["observations"] for r in trace if r["reannealed"]] == [2, 102, 400, 800, 1600, 3200]
+    # the policy's re-annealings, and before them a restart: a block of at least restart_min_rows rows and as many
+    # as the history in the first chunk's change-point ramp (workers.stacking._restart_begin)
+    assert [r["observations"] for r in trace if r["reannealed"]] == [102, 400, 800, 1600, 3200]
 
 
 @pytest.mark.slow

@@ -36,10 +36,10 @@ def _brent_ar2(seed: int, catch_up_moves: int, restart: bool = False) -> tuple[f
     """AR(2) on the standardised Brent series' first 200 values in blocks of 50 with the default learning rate and
     the demo's burn-in (10): (error against the exact log-evidence in nats, reported SE, status reason).  Without
     ``restart`` the second block (as many rows as the history) is annealed like any other, which is where the
-    moves lag (``restart_small_history``, workers.stacking._restart)."""
+    moves lag (``restart_min_rows``, workers.stacking._restart_begin)."""
     z = np.asarray(load_series("BrentSpotPrice").standardised()[:200, 0], float)
     sampler = {"block_size": 50, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": seed}
-    sampler |= {"catch_up_moves": catch_up_moves, "restart_small_history": restart}
+    sampler |= {"catch_up_moves": catch_up_moves, "restart_min_rows": 16 if restart else None}
     e = ModelEngine("autoregressive", {"order": 2}, sampler)
     for a in range(0, 200, 50):
         e.update(None, [float(v) for v in z[a : a + 50]])

@@ -207,7 +207,7 @@ def test_stationary_60_feature_regression_does_not_trigger_reannealing() -> None
     X = rng.normal(size=(n, d))
     y = X @ (0.5 * rng.normal(size=d)) + rng.normal(size=n)
     # without restarts: the second block of 500 rows, as large as the history, would be replayed from the prior
-    e = ModelEngine("linear_regression", {"features": d}, {"seed": 0, "restart_small_history": False})
+    e = ModelEngine("linear_regression", {"features": d}, {"seed": 0, "restart_min_rows": None})
     infos = e.update(X.tolist(), y.tolist())
     assert not any(i.reannealed for i in infos)
     assert e.state is not None and e.state.n_change == 0

@@ -121,13 +121,13 @@ def test_evidence_is_exact_for_frozen_particles_with_non_uniform_weights() -> No
 def test_resampling_preserves_the_evidence_estimate() -> None:
     e = _engine(
         SamplerSettings(
-            particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0, restart_small_history=False
+            particles=8, warmup_particles=None, burn_in=0, resample_threshold=1.0, seed=0, restart_min_rows=None
         )
     )
     x, y = linear_data(21)
     # one row first: the block below is then annealed (a population's first block that its prior draws do not
     # cover is taken from the Laplace start in one increment, workers.conflict; and without restarts, a block as
-    # large as the history is not replayed from the prior, workers.stacking._restart)
+    # large as the history is not replayed from the prior, workers.stacking._restart_begin)
     e.update(x[:1], y[:1])
     x, y = x[1:], y[1:]
     before = e.state.log_evidence_uncorrected
@@ -165,9 +165,7 @@ def test_adaptive_moves_leave_a_one_step_block_in_place_unless_it_resamples(move
 
 def test_guard_on_annealing_steps_is_reported() -> None:
     e = _engine(
-        SamplerSettings(
-            particles=8, burn_in=2, max_annealing_steps=2, block_size=200, seed=0, restart_small_history=False
-        )
+        SamplerSettings(particles=8, burn_in=2, max_annealing_steps=2, block_size=200, seed=0, restart_min_rows=None)
     )
     x, y = linear_data(201)
     e.update(x[:1], y[:1])  # the block below is annealed, not taken from a Laplace start (workers.conflict)
@@ -189,8 +187,8 @@ def test_nan_in_the_block_raises_and_leaves_the_state_alone() -> None:
 # ----- determinism and checkpoints --------------------------------------------------------------
 
 # the re-annealing policy's own replays only: no restart of a block as large as the history (SMALL's second block
-# is; workers.stacking._restart, which also reports ``reannealed``)
-POLICY_ONLY = {"restart_small_history": False}
+# is; workers.stacking._restart_begin, which also reports ``reannealed``)
+POLICY_ONLY = {"restart_min_rows": None}
 
 # warm-up with 12 particles for the first 300 observations: resumes cross the reduction to 6
 SMALL = {
@@ -305,7 +303,7 @@ def test_analytic_gradients_match_autograd(name: str, params: dict) -> None:
 def test_warmup_population_is_reduced_preserving_the_evidence() -> None:
     e = _engine(
         SamplerSettings(
-            particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0, restart_small_history=False
+            particles=4, warmup_particles=16, warmup_observations=10, burn_in=0, seed=0, restart_min_rows=None
         )
     )
     g = torch.Generator().manual_seed(0)
@@ -820,7 +818,7 @@ def test_warmup_burn_in_grows_with_the_dimension_up_to_change_burn_in(
     monkeypatch.setattr(stacking, "_run_stack", spy)
     x, y = linear_data(500, d=features)
     # no restart: the second block (as many rows as the history) would be replayed from the prior in one block
-    sampler = {**SMALL, "change_burn_in": change_burn_in, "reanneal_steps": None, "restart_small_history": False}
+    sampler = {**SMALL, "change_burn_in": change_burn_in, "reanneal_steps": None, "restart_min_rows": None}
     e = ModelEngine("linear_regression", {"features": features}, sampler)
     e.update(x, y)
     dim = e.state.theta.shape[-1]

@@ -1,5 +1,5 @@
 """A block at least as large as the history is absorbed by a fresh run from the prior over both
-(``sampler.restart_small_history``, :func:`workers.stacking._restart`).
+(``sampler.restart_min_rows``, :func:`workers.stacking._restart_begin`).
 
 The measured case: the demo's AR(2) on Occupancy's first 50 values, which a change-point model absorbs in the ramp's
 sub-blocks of 1, 2, 4, … values (:func:`workers.segmented.ramp_bounds`), each as large as the history before it.
@@ -28,7 +28,7 @@ def _errors(restart: bool) -> tuple[np.ndarray, np.ndarray]:
     exact = autoregressive_unknown_noise_log_evidence(z, 2)
     errs, ses = [], []
     for seed in SEEDS:
-        sampler = {**DEMO, "seed": seed, "restart_small_history": restart}
+        sampler = {**DEMO, "seed": seed, "restart_min_rows": 16 if restart else None}
         eng = SegmentedEngine.create("autoregressive", {"order": 2}, sampler, ChangepointSettings())
         eng.update(None, [float(v) for v in z])
         errs.append(eng.log_evidence - exact)
