@@ -327,7 +327,7 @@ def demo(
         600.0,
         "--timeout",
         help="seconds from the command's start before reporting what is done (the full demo takes 19-112 s on a "
-        "quiet 2-core machine, 27-185 s beside two CPU-bound processes, sessions 13-30; machines differ); "
+        "quiet 2-core machine, 27-185 s beside two CPU-bound processes, sessions 13-31; machines differ); "
         "exit code 1 if incomplete, the plots and "
         "summary then show what was absorbed",
     ),

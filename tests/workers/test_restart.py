@@ -1,5 +1,5 @@
-"""A block at least as large as the history is absorbed by a fresh run from the prior over both
-(``sampler.restart_min_rows``, :func:`workers.stacking._restart_begin`).
+"""A block of at least ``sampler.restart_min_rows`` rows and at least as many as the history is absorbed by a fresh
+run from the prior over both (:func:`workers.stacking._restart_begin`).
 
 The measured case: the demo's AR(2) on Occupancy's first 50 values, which a change-point model absorbs in the ramp's
 sub-blocks of 1, 2, 4, … values (:func:`workers.segmented.ramp_bounds`), each as large as the history before it.
@@ -55,7 +55,7 @@ def test_a_restarted_block_is_a_replay_on_the_trace_and_its_row_adds_up() -> Non
     z = np.asarray(load_series("Occupancy").standardised()[:110, 0], float)
     eng = ModelEngine("autoregressive", {"order": 2}, {**DEMO, "seed": 3})
     previous = 0.0
-    for a, b in ((0, 10), (10, 30), (30, 80), (80, 110)):  # 8 rows; 20 ≥ 8 and 50 ≥ 28: restarts; 30 < 78: not
+    for a, b in ((0, 10), (10, 30), (30, 80), (80, 110)):  # 8 rows; 20 ≥ 16, 8 and 50 ≥ 28: restarts; 30 < 78: not
         (info,) = eng.update(None, [float(v) for v in z[a:b]])
         assert info.reannealed == (a in (10, 30))
         assert info.log_evidence == pytest.approx(previous + info.log_predictive + info.log_evidence_correction)
