@@ -50,7 +50,7 @@ from workers import changepoint as cp
 from workers.engine import ModelEngine
 from workers.history import History
 from workers.settings import SamplerSettings
-from workers.stacking import absorb_context, advance_stack, init_states
+from workers.stacking import absorb_context, advance_stack, init_states, normalised
 from workers.state import BlockInfo
 
 FORMAT = 1
@@ -399,7 +399,7 @@ def _locate(requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, pref
     with torch.no_grad():
         for rs in mains.values():
             ll = torch.stack([rows[(r, 0)][0] for r in rs])  # [N, M, R]
-            lw = _normalised(torch.stack([requests[r][1][0].log_w for r in rs]))
+            lw = normalised(torch.stack([requests[r][1][0].log_w for r in rs]))
             lp = torch.logsumexp(lw[:, :, None] + ll, 1)  # [N, R]
             levels = [requests[r][0]._split_level() for r in rs]
             for r, split, lp_r in zip(rs, split_rows(lp, levels), lp, strict=True):
@@ -478,7 +478,7 @@ def _prefix_estimates(
     with torch.no_grad():
         for (_, _, n), pops in todo.items():
             ll = torch.stack([rows[rj][0] for rj in pops])[:, :, :n].sum(-1)  # [N, M]
-            lv = _normalised(torch.stack([requests[r][1][j].log_w for r, j in pops])) + ll
+            lv = normalised(torch.stack([requests[r][1][j].log_w for r, j in pops])) + ll
             w = torch.softmax(lv, -1)
             ess = [v / int(w.shape[-1]) for v in (1.0 / (w * w).sum(-1)).tolist()]
             prefix.update(zip(pops, zip(torch.logsumexp(lv, -1).tolist(), ess, strict=True), strict=True))
@@ -491,11 +491,6 @@ def _bonferroni_level(spawn_z: float, m: int) -> float:
     block's drop of ``spawn_z`` (:meth:`SegmentedEngine._tail_drops`)."""
     normal = statistics.NormalDist()
     return normal.inv_cdf(1.0 - normal.cdf(-spawn_z) / m)
-
-
-def _normalised(log_w: torch.Tensor) -> torch.Tensor:
-    """``log w̄ = log w − logsumexp(log w)`` of each row of ``log_w: [N, M]``: normalised log-weights."""
-    return log_w - torch.logsumexp(log_w, -1, keepdim=True)
 
 
 def split_rows(lp: torch.Tensor, levels: Sequence[float | None]) -> list[int]:

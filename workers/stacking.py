@@ -348,7 +348,7 @@ def _restart_begin(
     one = StackedFamily.of(m.family, s.torch_dtype, s.torch_device)
     with torch.no_grad():
         rows = one.log_likelihood(st.theta[None], x[None] if x is not None else None, y[None])[0]  # [M, R]
-        log_predictive = float(torch.logsumexp(_normalised_log_w(st.log_w) + rows.sum(-1), 0))
+        log_predictive = float(torch.logsumexp(normalised(st.log_w) + rows.sum(-1), 0))
     fresh_settings = s.model_copy(update={"reanneal_steps": None})  # the replay does not re-anneal itself
     fresh = Slot(m.family, fresh_settings, m.generator, init_state(m.generator, m.family, fresh_settings))
     return _Restart(slot, m, st, x, y, context, raw, x_all, torch.cat([hy, y]), fresh, rows, log_predictive)
@@ -383,10 +383,9 @@ def _restart_end(r: _Restart, info: BlockInfo | sgais.NumericalError) -> BlockIn
     )
 
 
-def _normalised_log_w(log_w: torch.Tensor) -> torch.Tensor:
-    """``log w̄``: log-weights normalised to sum to one (float64)."""
-    lw = log_w.to(torch.float64)
-    return lw - torch.logsumexp(lw, 0)
+def normalised(log_w: torch.Tensor) -> torch.Tensor:
+    """``log w̄ = log w − logsumexp(log w)`` along the last axis (``log_w: [..., M]``): normalised log-weights."""
+    return log_w - torch.logsumexp(log_w, -1, keepdim=True)
 
 
 def _take_context(m: Model, st: SGAISState, context: torch.Tensor | None, values: int) -> None:
