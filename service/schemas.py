@@ -160,8 +160,8 @@ class Block(BaseModel):
     reannealed: bool = Field(
         False,
         description="the particles and the running log-evidence were replaced by a re-annealing from the prior "
-        "over the whole history after this block (sampler.reanneal_steps, or a block at least as large as the "
-        "history: sampler.restart_min_rows; the jump is log_evidence_correction)",
+        "over the whole history after this block (sampler.reanneal_steps, or a block of at least "
+        "sampler.restart_min_rows rows and as large as the history; the jump is log_evidence_correction)",
     )
     # issue 12 (workers/segmented.py): the change posterior after this block
     change_probability: float | None = Field(

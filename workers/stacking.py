@@ -322,19 +322,20 @@ def _restart_begin(
     context: torch.Tensor | None,
     raw: int,
 ) -> _Restart:
-    """Start absorbing a block at least as large as the history by a fresh run from the prior over the history and
-    the block in one block (the first block's path: a defensive Laplace start where the rows conflict with the prior
-    draws, else annealing with exact gradients), which replaces the population and its evidence, as
-    :func:`reanneal`'s replay does (its own error bar, its own checks).  The fresh populations of a round's restarts
-    absorb their rows in the round's stacks (:func:`_advance_round`; each gets the bits it gets alone), and
-    :func:`_restart_end` installs the result.
+    """Start absorbing a block of at least ``restart_min_rows`` rows and as large as the history (:func:`restarts`)
+    by a fresh run from the prior over the history and the block in one block (the first block's path: a defensive
+    Laplace start where the rows conflict with the prior draws, else annealing with exact gradients), which replaces
+    the population and its evidence, as :func:`reanneal`'s replay does (its own error bar, its own checks).  The
+    fresh populations of a round's restarts absorb their rows in the round's stacks (:func:`_advance_round`; each gets
+    the bits it gets alone), and :func:`_restart_end` installs the result.
 
     Why: such a block moves the posterior by more than a factor √2 in scale, and the SGHMC moves lag a posterior
     that contracts that fast from a handful of rows; the error bar does not see the lag.  Measured (session 31, the
     demo's AR(2) on Occupancy, its first 50 values in the change-point ramp's sub-blocks of 1, 2, 4, …, 8 seeds):
-    −1.39 ± 0.51 nats from the exact evidence with a reported standard error of 0.44, against −0.09 ± 0.27 (SE 0.21)
-    with restarts.  The replay uses only fresh randomness (the model's generator), so ``E[Ẑ] = Z`` whatever the
-    running population did (thesis eq. 4.6 for the replay alone).
+    −1.39 ± 0.51 nats from the exact evidence with a reported standard error of 0.44, against −0.15 ± 0.17 (SE 0.20)
+    with a restart at the 16-row sub-block, which replays the smaller ones.  The replay uses only fresh randomness
+    (the model's generator), so ``E[Ẑ] = Z`` whatever the running population did (thesis eq. 4.6 for the replay
+    alone).
 
     The block's ``log_predictive`` is the running population's one-step importance estimate of its rows
     (``logsumexp_m(log w̄_m + Σ_b log p(y_b | θ_m))``, thesis eq. 4.6 with one increment); the rest of the step from
