@@ -4,6 +4,9 @@ other models of the worker keep their leases."""
 
 from __future__ import annotations
 
+import math
+import time
+
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -12,6 +15,7 @@ from service.app import create_app
 from tests.conftest import SMALL_MODEL, wait_until
 from tests.integration.helpers import api_with_models, linear_chunks, reference_trace, start_worker, strip
 from workers.store.keys import Keys, counter_field
+from workers.worker.leases import COST_TIME_CONSTANT
 
 LEASE_TTL = 0.5
 # burn_in 6000 with 50 particles, moves after every annealing step (also for a block taken in one step): the
@@ -147,3 +151,42 @@ def test_a_worker_is_live_from_begin_and_leases_nothing_before_it_runs(settings)
             worker.stop.set()
             assert worker._heartbeat is not None
             worker._heartbeat.close()
+
+
+def test_shares_follow_the_published_costs_not_the_count(settings, monkeypatch):
+    """Two workers and six models, one of them ten times the others' measured cost: by count each worker would
+    hold three (the costly one and two more on one side: 0.6 against 0.15 engine seconds per second); by cost
+    one worker holds the costly model alone and the other the five cheap ones, and further scans move nothing."""
+    from workers.worker import Worker, leases
+
+    monkeypatch.setattr(leases, "MIN_HOLD_SECONDS", 0.0)  # a's models move as soon as b is live
+    keys, r = Keys(settings.key_prefix), redis.Redis.from_url(settings.redis_url)
+    names = ["big", "s1", "s2", "s3", "s4", "s5"]
+    slow = settings.model_copy(update={"lease_ttl_seconds": 60.0, "heartbeat_seconds": 60.0})
+    with TestClient(create_app(settings, workers=0)) as api:
+        for name in names:
+            assert api.post("/v1/models", json={"name": name, "stream": "s", **SMALL_MODEL}).status_code == 201
+        r.hset(keys.costs, mapping={f"default/{n}": (0.5 if n == "big" else 0.05) for n in names})
+        a, b = Worker(slow, worker_id="a"), Worker(slow, worker_id="b")
+        t0 = time.monotonic()
+        a.heartbeat()
+        a.scan()
+        assert set(a.held) == {f"default/{n}" for n in names}  # alone, it holds everything
+        b.heartbeat()  # b is live, with no load published yet: it counts as 0
+        for _ in range(3):
+            a.scan()
+            b.scan()
+        holders = sorted([set(a.held), set(b.held)], key=len)
+        assert holders == [{"default/big"}, {f"default/{n}" for n in names[1:]}]
+        # the published costs, decayed as older measurements since their lease (time constant COST_TIME_CONSTANT)
+        loads = sorted(float(v) for v in r.hgetall(keys.loads).values())
+        decay = math.exp(-(time.monotonic() - t0) / COST_TIME_CONSTANT)
+        assert 0.25 * decay <= loads[0] <= 0.25 and 0.5 * decay <= loads[1] <= 0.5
+        before = (set(a.held), set(b.held))
+        a.scan()
+        b.scan()
+        assert (set(a.held), set(b.held)) == before
+        a.shutdown()
+        assert "a" not in {k.decode() for k in r.hkeys(keys.loads)}
+        b.shutdown()
+    r.close()

@@ -24,6 +24,9 @@ key                                    type        contents
 ``P:T:lease:{m}``                      string      lease token of the worker holding the model (PX TTL)
 ``P:T:events:{s}``                     channel     live events of a stream
 ``P:workers``                          zset        worker id -> last heartbeat (unix seconds)
+``P:costs``                            hash        ``T/model`` -> its measured engine load (engine seconds per second,
+                                                   written by its holder; workers/worker/leases.py)
+``P:loads``                            hash        worker id -> the summed load of the models it holds (same unit)
 ``P:worker:{id}``                      string      heartbeat JSON (TTL)
 ``P:metrics:alerts_total``             hash        kind -> count
 ``P:metrics:block_seconds``            hash        histogram buckets ``le``, ``sum``, ``count``
@@ -57,6 +60,16 @@ class Keys:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"
+
+    @property
+    def costs(self) -> str:
+        """Hash ``T/model`` -> the model's engine load, for the cost-weighted shares (:mod:`workers.worker.leases`)."""
+        return f"{self.prefix}:costs"
+
+    @property
+    def loads(self) -> str:
+        """Hash worker id -> the summed engine load of the models it holds (:mod:`workers.worker.leases`)."""
+        return f"{self.prefix}:loads"
 
     @property
     def alerts_total(self) -> str:

@@ -176,12 +176,14 @@ class Worker(quarantine.QuarantineHooks):
                 self.scripts.release(h.tenant, h.name, h.token)
             self.r.delete(self.keys.worker(self.id))
             self.r.zrem(self.keys.workers, self.id)
+            self.r.hdel(self.keys.loads, self.id)
         self.leases.clear()
         log.info("worker %s stopped", self.id)
 
     # ----- leases -----------------------------------------------------------------------------
     def scan(self) -> None:
-        """Lease models up to a fair share of the live workers (releasing beyond it) and restore them."""
+        """Lease models up to a fair share of the live workers' measured load (releasing models towards the
+        least-loaded worker: :meth:`Leases.discover`) and restore them."""
         self._scan_at = time.monotonic()
         for h in self.leases.discover(self.s.heartbeat_seconds):
             self.leases.add(h)  # held (so renewed by the heartbeat) while its history is replayed
@@ -464,6 +466,7 @@ class Worker(quarantine.QuarantineHooks):
             OBSERVATIONS.inc(int(c.y.shape[0]))
             for row in rows:
                 BLOCK_SECONDS.observe(row["seconds"])
+            c.h.load.add(sum(row["seconds"] for row in rows), time.monotonic())  # the cost-weighted shares
             done.append(c.h.ref)
         return done
 
