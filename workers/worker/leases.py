@@ -280,7 +280,8 @@ class Leases:
         loads = {k.decode(): _float(v) for k, v in loads_raw.items()}
         others = [x for w, x in loads.items() if w in live and w != self.worker_id and x is not None]
         # releases: a live worker that published nothing yet has just joined and holds nothing (0)
-        least = min(others, default=0.0) if len(live) > 1 else None
+        joined = len(others) < len(live) - 1
+        least = (0.0 if joined else min(others)) if len(live) > 1 else None
         load = sum(costs[ref] for ref in held)
         # towards workers that joined or carry less; a model leased within MIN_HOLD_SECONDS stays (its load is not
         # measured yet, nor the other workers' since they took theirs)
