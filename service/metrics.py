@@ -178,7 +178,8 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float,
     pipe.hgetall(keys.alerts_total)
     pipe.hgetall(keys.block_seconds)
     pipe.zrangebyscore(keys.workers, now - 3 * heartbeat_seconds, "+inf")
-    flat, alerts_by_kind, hist, worker_ids = await pipe.execute()
+    pipe.hgetall(keys.loads)
+    flat, alerts_by_kind, hist, worker_ids, loads = await pipe.execute()
     models, streams = _models(flat)
     # the stream posterior (workers/store/reads.stream_posterior) of every stream, batched
     counts = {
@@ -238,7 +239,7 @@ async def redis_metrics(r: aioredis.Redis, keys: Keys, heartbeat_seconds: float,
                 r, keys.retried_blocks, "sgais_retried_blocks", "blocks computed, refused by the lease fence and redone"
             ),
         ]
-    families += _aggregate_families(alerts_by_kind, hist, worker_ids, beats)
+    families += _aggregate_families(alerts_by_kind, hist, worker_ids, beats, loads)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Static(families))
     return generate_latest(REGISTRY) + generate_latest(registry) + text
@@ -395,9 +396,14 @@ def _stream_alerts(by_stream: dict[str, dict[str, str]], streams: dict[tuple[str
 
 
 def _aggregate_families(
-    alerts_by_kind: dict[str, str], hist: dict[str, str], worker_ids: list[str], beats: list[str | None]
+    alerts_by_kind: dict[str, str],
+    hist: dict[str, str],
+    worker_ids: list[str],
+    beats: list[str | None],
+    loads: dict[str, str],
 ) -> list[Any]:
-    """Alerts by kind, the block latency histogram and the workers' leases (no tenant, stream or model)."""
+    """Alerts by kind, the block latency histogram, the workers' leases and engine loads (no tenant, stream or
+    model)."""
     families: list[Any] = []
     alerts = CounterMetricFamily("sgais_alerts", "alerts raised", labels=["kind"])
     for kind, count in sorted(alerts_by_kind.items()):
@@ -421,6 +427,16 @@ def _aggregate_families(
         if beat:
             leases.add_metric([wid], json.loads(beat)["leases"])
     families.append(leases)
+    load = GaugeMetricFamily(
+        "sgais_worker_load",
+        "engine seconds per second of the models the worker holds, as it measured them at its last scan: the "
+        "quantity the lease shares balance (workers/worker/leases.py)",
+        labels=["worker"],
+    )
+    for wid in worker_ids:
+        if wid in loads:
+            load.add_metric([wid], float(loads[wid]))
+    families.append(load)
     return families
 
 

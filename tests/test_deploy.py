@@ -51,6 +51,7 @@ METRICS = {
     "sgais_observations_ingested_total",
     "sgais_http_request_seconds",
     "sgais_worker_leases",
+    "sgais_worker_load",
     "sgais_model_status",
     "sgais_models",
     "sgais_stream_alerts_total",

@@ -201,6 +201,7 @@ def test_ops_endpoints(client):
         "sgais_observations_ingested_total",
         "sgais_http_request_seconds_bucket",
         "sgais_worker_leases{",
+        "sgais_worker_load{",
     ):
         assert name in text, name
     assert 'route="/v1/streams/{stream}/chunks"' in text
