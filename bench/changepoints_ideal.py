@@ -181,8 +181,9 @@ class ExactAR1Shift:
         return logsumexp(t + self.log_w, axis=-1)
 
 
-def detect_level(model: ExactAR1Level, n_total: int, cps: ChangepointSettings):
-    """:func:`detect`'s rule for :class:`ExactAR1Level`, whose segments share the coefficient and σ²: a candidate's
+def detect_level(model: ExactAR1Level | ExactAR1Shift, n_total: int, cps: ChangepointSettings):
+    """:func:`detect`'s rule for :class:`ExactAR1Level` and :class:`ExactAR1Shift`, whose segments share the
+    coefficient (and σ² for the first): a candidate's
     ``log B_t`` compares the whole stream's evidence with the current segment split at ``t`` against unsplit."""
     lo = log_prior_odds(cps.hazard)
     s, alerts, rows = model.first, [], []

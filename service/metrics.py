@@ -434,8 +434,9 @@ def _aggregate_families(
         labels=["worker"],
     )
     for wid in worker_ids:
-        if wid in loads:
-            load.add_metric([wid], float(loads[wid]))
+        share = records.parse_share(loads.get(wid))
+        if share is not None:
+            load.add_metric([wid], share[0])
     families.append(load)
     return families
 

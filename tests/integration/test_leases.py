@@ -15,6 +15,7 @@ from service.app import create_app
 from tests.conftest import SMALL_MODEL, wait_until
 from tests.integration.helpers import api_with_models, linear_chunks, reference_trace, start_worker, strip
 from workers.store.keys import Keys, counter_field
+from workers.store.records import parse_share
 from workers.worker.leases import COST_TIME_CONSTANT
 
 LEASE_TTL = 0.5
@@ -179,13 +180,18 @@ def test_shares_follow_the_published_costs_not_the_count(settings, monkeypatch):
         holders = sorted([set(a.held), set(b.held)], key=len)
         assert holders == [{"default/big"}, {f"default/{n}" for n in names[1:]}]
         # the published costs, decayed as older measurements since their lease (time constant COST_TIME_CONSTANT)
-        loads = sorted(float(v) for v in r.hgetall(keys.loads).values())
+        shares = sorted((parse_share(v) for v in r.hgetall(keys.loads).values()), key=lambda s: s[1])
         decay = math.exp(-(time.monotonic() - t0) / COST_TIME_CONSTANT)
-        assert 0.25 * decay <= loads[0] <= 0.25 and 0.5 * decay <= loads[1] <= 0.5
+        assert [n for _, n in shares] == [1, 5]
+        (big, _), (small, _) = shares
+        assert 0.5 * decay <= big <= 0.5 and 0.25 * decay <= small <= 0.25
         before = (set(a.held), set(b.held))
+        checked = (a.leases.checked_at, b.leases.checked_at)
         a.scan()
         b.scan()
         assert (set(a.held), set(b.held)) == before
+        # every model held by the published counts: no per-model lease check until a lease TTL (60 s) has passed
+        assert (a.leases.checked_at, b.leases.checked_at) == checked
         a.shutdown()
         assert "a" not in {k.decode() for k in r.hkeys(keys.loads)}
         b.shutdown()

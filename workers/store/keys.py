@@ -26,7 +26,8 @@ key                                    type        contents
 ``P:workers``                          zset        worker id -> last heartbeat (unix seconds)
 ``P:costs``                            hash        ``T/model`` -> its measured engine load (engine seconds per second,
                                                    written by its holder; workers/worker/leases.py)
-``P:loads``                            hash        worker id -> the summed load of the models it holds (same unit)
+``P:loads``                            hash        worker id -> JSON ``{"load", "models"}``: the summed load of the
+                                                   models it holds (same unit) and their number
 ``P:worker:{id}``                      string      heartbeat JSON (TTL)
 ``P:metrics:alerts_total``             hash        kind -> count
 ``P:metrics:block_seconds``            hash        histogram buckets ``le``, ``sum``, ``count``
@@ -68,7 +69,8 @@ class Keys:
 
     @property
     def loads(self) -> str:
-        """Hash worker id -> the summed engine load of the models it holds (:mod:`workers.worker.leases`)."""
+        """Hash worker id -> JSON ``{"load", "models"}``: the summed engine load of the models it holds and their number
+        (:mod:`workers.worker.leases`)."""
         return f"{self.prefix}:loads"
 
     @property

@@ -242,3 +242,15 @@ def trace_row_at(rows: list[Any], count: int) -> dict[str, Any] | None:
         return None
     row = json.loads(rows[0])
     return row if row["observations"] == count else None
+
+
+# ----- lease shares ---------------------------------------------------------------------------
+
+
+def parse_share(raw: bytes | str | None) -> tuple[float, int] | None:
+    """A ``P:loads`` value, ``{"load": engine s/s, "models": held}`` -> ``(load, models)``; None if unreadable."""
+    try:
+        d = json.loads(raw) if raw is not None else None
+        return (float(d["load"]), int(d["models"])) if isinstance(d, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None

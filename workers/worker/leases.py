@@ -50,6 +50,7 @@ from workers.quarantine import Budget, attempts_key
 from workers.segmented import SegmentedEngine
 from workers.store.commit import Scripts
 from workers.store.keys import Keys, model_ref, parse_model_ref
+from workers.store.records import parse_share
 from workers.store.scripts import RENEW_LUA
 from workers.worker.blocks import layout
 from workers.worker.detect import WindowText
@@ -206,6 +207,7 @@ class Leases:
         self.ttl_ms = int(ttl_seconds * 1000)
         self.held: dict[str, Held] = {}
         self.lock = threading.Lock()
+        self.checked_at = -math.inf  # monotonic time of the last check of every model's lease (discover)
 
     def snapshot(self) -> list[Held]:
         with self.lock:
@@ -277,8 +279,8 @@ class Leases:
         own = {ref: h.load.rate(now) for ref, h in held.items()}
         costs = model_costs(refs, published, own)
         target = sum(costs.values()) / max(len(live), 1)
-        loads = {k.decode(): _float(v) for k, v in loads_raw.items()}
-        others = [x for w, x in loads.items() if w in live and w != self.worker_id and x is not None]
+        shares = {k.decode(): parse_share(v) for k, v in loads_raw.items()}
+        others = [x[0] for w, x in shares.items() if w in live and w != self.worker_id and x is not None]
         # releases: a live worker that published nothing yet has just joined and holds nothing (0)
         joined = len(others) < len(live) - 1
         least = (0.0 if joined else min(others)) if len(live) > 1 else None
@@ -294,7 +296,13 @@ class Leases:
             load -= costs[ref]
         taken: list[Held] = []
         # a worker that released leases nothing in the same scan: the models it gave up are for the others
-        if not released and load < target * (1 - 1e-9):
+        # the other live workers' published model counts: while they and ours cover the registry no model is free,
+        # and the per-model pipeline below is skipped (an idle worker scans every poll_seconds), but at least once per
+        # lease TTL: a lease that lapsed under a live holder stays in its count until that holder's next scan
+        leased = len(held) + sum(x[1] for w, x in shares.items() if w in live and w != self.worker_id and x)
+        due = leased < len(refs) or now - self.checked_at >= self.ttl_ms / 1000
+        if not released and load < target * (1 - 1e-9) and due:
+            self.checked_at = now
             rest = [ref for ref in refs if ref not in self.held]
             pipe = self.r.pipeline(transaction=False)
             for ref in rest:
@@ -330,7 +338,7 @@ class Leases:
         gone = [k for k in loads_raw if k.decode() not in live]
         if gone:
             pipe.hdel(self.keys.loads, *gone)
-        pipe.hset(self.keys.loads, self.worker_id, repr(load))
+        pipe.hset(self.keys.loads, self.worker_id, json.dumps({"load": load, "models": len(held) + len(taken)}))
         pipe.execute()
         return taken
 
