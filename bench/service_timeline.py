@@ -1,7 +1,7 @@
-"""The 1-model run of ``bench/service.py`` as a timeline: how far the worker got while the chunks
+"""The 1-model run of ``bench/service_overhead.py`` as a timeline: how far the worker got while the chunks
 were still being posted, and what it did with its CPU meanwhile.
 
-Starts ``sgais serve`` exactly as ``bench/service.py`` does, times the bare engine on the same chunks,
+Starts ``sgais serve`` exactly as ``bench/service_overhead.py`` does, times the bare engine on the same chunks,
 then posts them (4 in flight) and polls the stream every 10 ms.  Prints when posting ended, how many
 chunks had been absorbed by then and when 25/50/75/100 were, the worker process's seconds running and
 runnable-but-waiting for a CPU (``/proc/<pid>/schedstat``) during and after posting, and the engine
@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import torch
 
-_spec = importlib.util.spec_from_file_location("bench_service", Path(__file__).resolve().parent / "service.py")
+_spec = importlib.util.spec_from_file_location("bench_service", Path(__file__).resolve().parent / "service_overhead.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
