@@ -153,7 +153,9 @@ def unknown_noise_mode_from_statistics(T: torch.Tensor) -> torch.Tensor | None:
     not change sign around it."""
     A, c, yy, n, P, q = _split_unknown_noise(T)
     centre = torch.log(yy / n)  # [K, 1]
-    grid = centre + torch.arange(-PROFILE_BELOW, PROFILE_ABOVE + PROFILE_STEP / 2, PROFILE_STEP, dtype=T.dtype)
+    grid = centre + torch.arange(
+        -PROFILE_BELOW, PROFILE_ABOVE + PROFILE_STEP / 2, PROFILE_STEP, dtype=T.dtype, device=T.device
+    )
 
     def coefficients(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # u: [K, G] -> θ*: [K, G, D], rss [K, G]
         iv = torch.exp(-u)[..., None]

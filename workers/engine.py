@@ -329,9 +329,9 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
         cw = torch.cumsum(W[order], 0)  # [M, P]
 
         def quantile(q: float, cw: torch.Tensor = cw, v: torch.Tensor = v, order: torch.Tensor = order) -> torch.Tensor:
-            pos = torch.searchsorted(cw.T.contiguous(), torch.full((v.shape[1], 1), q, dtype=cw.dtype)).clamp(
-                max=W.shape[0] - 1
-            )[:, 0]
+            pos = torch.searchsorted(
+                cw.T.contiguous(), torch.full((v.shape[1], 1), q, dtype=cw.dtype, device=cw.device)
+            ).clamp(max=W.shape[0] - 1)[:, 0]
             return v.gather(0, order.gather(0, pos[None, :]))[0]
 
         shape = list(spec.shape)
