@@ -292,3 +292,45 @@ def test_prior_populations_drawn_together_are_those_drawn_alone() -> None:
         for field in ("theta", "log_w", "velocity", "anchor", "anchor_grad", "posterior_var", "evidence_var"):
             assert torch.equal(getattr(got, field), getattr(alone, field)), (i, field)
         assert got.log_evidence == alone.log_evidence and got.ess == alone.ess
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_change_point_models_run_on_the_gpu_alone_or_stacked() -> None:
+    """The worker's engine on the GPU, beyond the plain gmm stack above: change-point models (challengers, their
+    placement inside a block, a confirmed change) of an unknown-noise AR(2) (the closed-form Laplace start's profile
+    grid, built on the CPU until session 33) and a two-component mixture, on a stream with a level shift.  Each model
+    ends with the bits it gets alone, its tensors on the GPU; the posterior summary and a checkpoint restored on the
+    GPU work."""
+    from workers.changepoint import ChangepointSettings
+    from workers.segmented import SegmentedEngine, advance_blocks
+
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(200, generator=g, dtype=D64)
+    y[120:] += 4.0
+    specs = [
+        ("autoregressive", {"order": 2}, {**SMALL, "seed": 3, "device": "cuda"}),
+        ("gmm", {"dim": 1, "components": 2}, {**SMALL, "seed": 4, "device": "cuda"}),
+    ]
+
+    def engines() -> list[SegmentedEngine]:
+        return [SegmentedEngine.create(f, p, s, ChangepointSettings()) for f, p, s in specs]
+
+    def blocks(family: str, a: int, b: int) -> tuple[None, torch.Tensor]:
+        return None, (y[a:b] if family == "autoregressive" else y[a:b, None])
+
+    stacked, alone = engines(), engines()
+    for a in range(0, 200, 10):
+        res = advance_blocks(stacked, [blocks(f, a, a + 10) for f, _, _ in specs])
+        assert not any(isinstance(r, Exception) for r in res), res
+        for e, (f, _, _) in zip(alone, specs, strict=True):
+            e.update(*blocks(f, a, a + 10), validated=True)
+    for s, e in zip(stacked, alone, strict=True):
+        assert s.main.state.theta.is_cuda and torch.equal(s.main.state.theta, e.main.state.theta)
+        assert s.log_evidence == e.log_evidence
+        assert s.posterior_summary()["parameters"]
+    ar = stacked[0]
+    assert any(a["kind"] == "change_point" for a in ar.take_alerts())
+    back = SegmentedEngine.restore(
+        ar.to_bytes(include_history=False), ar.changepoint_bytes(), ChangepointSettings(), lambda: iter([(None, y)])
+    )
+    assert back.main.state.theta.is_cuda and torch.equal(back.main.state.theta, ar.main.state.theta)
