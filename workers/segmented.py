@@ -440,10 +440,10 @@ def _block_likelihoods(
                 continue
             xr, yr, _ = seg.family.prepare(xb, yb, st.context)
             off = int(yb.shape[0]) - int(yr.shape[0])  # values taken into the context at the stream's start
-            x1 = xr.to(dtype) if xr is not None else None
-            key = (stack_key_of(seg.family), tuple(st.theta.shape), tuple(yr.shape), x1 is None, dtype,
-                   str(st.theta.device))  # fmt: skip
-            groups.setdefault(key, []).append(((r, j), seg.family, st.theta, x1, yr.to(dtype), off))
+            dev = st.theta.device  # the chunk's values arrive on the CPU
+            x1 = xr.to(dtype=dtype, device=dev) if xr is not None else None
+            key = (stack_key_of(seg.family), tuple(st.theta.shape), tuple(yr.shape), x1 is None, dtype, str(dev))
+            groups.setdefault(key, []).append(((r, j), seg.family, st.theta, x1, yr.to(dtype=dtype, device=dev), off))
     with torch.no_grad():
         for group in groups.values():
             dtype, device = group[0][2].dtype, group[0][2].device
