@@ -63,10 +63,11 @@ def free_port() -> int:
 
 #: Worker processes of the demo's service (measured on 2 cores).  The service shares models between workers by their
 #: measured cost, but a new model's cost is unknown and a leased model moves only after 60 s
-#: (``workers.worker.leases``), so within the demo's run the shares are by count, and the demo's seven two-component mixtures cost about 5 times its other models: with two workers one of them
-#: often had twice the other's work and ran alone at the end (worker CPU 61.3 against 28.1 s).  With three on two
-#: cores the operating system shares the cores among them and both stay busy nearly to the end: 59.3 / 50.4 s against
-#: 72.5 / 58.5 s with two (whole demo, quiet, 2 alternating pairs; the workers' CPU the same; session 29).
+#: (``workers.worker.leases``), so within the demo's run the shares are by count; and the demo's seven two-component
+#: mixtures cost about 5 times its other models: with two workers one of them often had twice the other's work and
+#: ran alone at the end (worker CPU 61.3 against 28.1 s).  With three on two cores the operating system shares the
+#: cores among them and both stay busy nearly to the end: 59.3 / 50.4 s against 72.5 / 58.5 s with two (whole demo,
+#: quiet, 2 alternating pairs; the workers' CPU the same; session 29).
 DEMO_WORKERS = 3
 
 
