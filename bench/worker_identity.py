@@ -16,8 +16,9 @@ order, stream entries) and every event published on the streams' channels, in or
 the trace rows, events and the latency histogram come from a counter instead of the clock (the worker loop's
 ``time.perf_counter``), so they are part of the comparison; what is random or time-based is normalised: stream
 entry ids (to ordinals), alert ids and creation times (and the alerts' sorted-set scores), the quarantine
-record's attempt id, start time and config fingerprint (the config holds its creation time); leases and worker
-heartbeats are left out.  Two runs of one code base give the same file.
+record's attempt id, start time and config fingerprint (the config holds its creation time); leases, worker
+heartbeats and the lease shares' measured loads (``costs``, ``loads``: engine seconds per wall second) are left
+out.  Two runs of one code base give the same file.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def dump(r: redis.Redis, events: list[tuple[str, str]]) -> list[str]:
 
     lines = []
     for key in sorted(k.decode() for k in r.scan_iter(match=f"{PREFIX}:*", count=1000)):
-        if ":lease:" in key or ":worker" in key:
-            continue
+        if ":lease:" in key or ":worker" in key or key in (f"{PREFIX}:costs", f"{PREFIX}:loads"):
+            continue  # the lease shares' measured loads (workers.worker.leases) are wall-clock rates
         kind = r.type(key).decode()
         value: Any = kind
         if kind == "string":

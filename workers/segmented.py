@@ -402,10 +402,14 @@ def _locate(requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, pref
             lw = normalised(torch.stack([requests[r][1][0].log_w for r in rs]))
             lp = torch.logsumexp(lw[:, :, None] + ll, 1)  # [N, R]
             levels = [requests[r][0]._split_level() for r in rs]
+            tails = []  # (request, mean of its tail's log-predictive, rows): read from the device at once
             for r, split, lp_r in zip(rs, split_rows(lp, levels), lp, strict=True):
                 k_of[r] = rows[(r, 0)][1] + split
                 if split < int(lp.shape[1]):
-                    tail_of[r] = (float(lp_r[split:].mean()), int(lp.shape[1]) - split)
+                    tails.append((r, lp_r[split:].mean(), int(lp.shape[1]) - split))
+            if tails:
+                means = torch.stack([m for _, m, _ in tails]).tolist()
+                tail_of.update({r: (mean, n) for (r, _, n), mean in zip(tails, means, strict=True)})
     prefix = _prefix_estimates(requests, rows, k_of) if prefixes else {}
     out: list[Located] = []
     for r, (_, states, _, yb) in enumerate(requests):

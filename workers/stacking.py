@@ -167,13 +167,13 @@ def init_states(
         if not good:
             continue
         st = sgais.from_draws(theta if len(good) == len(idx) else theta[good])
-        log_ws = list(st.log_w)  # each state's own view: its summary is keyed by it
-        for r, (j, summary) in enumerate(zip(good, summaries(st.log_w, log_ws), strict=True)):
+        log_ws, evs = list(st.log_w), list(st.evidence_var)  # each state's own views: its summary is keyed by them
+        for r, (j, summary) in enumerate(zip(good, summaries(st.log_w, log_ws, st.evidence_var, evs), strict=True)):
             s = specs[idx[j]][2]
             history = History(capacity=s.history_capacity, seed=s.seed, dtype=dtype, device=device)
             out[idx[j]] = SGAISState(
                 st.theta[r], log_ws[r], st.velocity[r], st.anchor[r], st.anchor_grad[r], 0, st.posterior_var[r],
-                history, None, 0, evidence_var=st.evidence_var[r], summary=summary,
+                history, None, 0, evidence_var=evs[r], summary=summary,
             )  # fmt: skip
     assert all(v is not None for v in out)
     return out  # type: ignore[return-value]
@@ -585,7 +585,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
     # each field's per-model views (iterating a tensor makes them cheaper than unbind(0) or K indexing calls)
     rows = {f: list(getattr(new, f)) for f in sgais.StackState._fields}
-    sums = summaries(new.log_w, rows["log_w"])  # log Ẑ, its open-epoch variance and the ESS, for the whole stack
+    sums = summaries(new.log_w, rows["log_w"], new.evidence_var, rows["evidence_var"])  # for the whole stack at once
     for k, p in enumerate(group):
         if stats.error[k] is not None:
             out[k] = sgais.NumericalError(stats.error[k])
@@ -721,12 +721,19 @@ def _summarised(states: list[SGAISState], log_w: torch.Tensor) -> list[SGAISStat
     """``states`` with their :attr:`SGAISState.summary` set: those without a current one (a new population, a
     defensive start, a reduced warm-up population) computed in one :func:`summaries` call over their rows of the
     stacked ``log_w: [K, M]`` (the same values; row-wise, so the same bits as each alone)."""
-    stale = [k for k, st in enumerate(states) if st.summary is None or st.summary[0] is not st.log_w]
+    stale = [
+        k
+        for k, st in enumerate(states)
+        if st.summary is None or st.summary[0] is not st.log_w or st.summary[1] is not st.evidence_var
+    ]
     if not stale:
         return states
     out = list(states)
     idx = torch.tensor(stale, device=log_w.device)
-    for k, summary in zip(stale, summaries(log_w[idx], [states[k].log_w for k in stale]), strict=True):
+    closed = [states[k].evidence_var for k in stale]
+    for k, summary in zip(
+        stale, summaries(log_w[idx], [states[k].log_w for k in stale], torch.stack(closed), closed), strict=True
+    ):
         out[k] = states[k]._replace(summary=summary)
     return out
 

@@ -12,6 +12,9 @@ from models.base import Family
 from workers.history import History
 from workers.settings import SamplerSettings
 
+#: ``(log_w, evidence_var, log Ẑ, open-epoch variance, ESS, closed-epoch variance)``: :attr:`SGAISState.summary`
+Summary = tuple[torch.Tensor, torch.Tensor, float, float, float, float]
+
 
 class SGAISState(NamedTuple):
     """Particle state of one model after ``n`` observations.
@@ -35,9 +38,11 @@ class SGAISState(NamedTuple):
         bar stays that of the reported estimate.
     degraded : why the running ``log Ẑ`` is not certified (:mod:`workers.conflict`), or None; kept until a
         re-annealing replaces the estimate by one that passes the checks.
-    summary : ``(log_w, log Ẑ, open-epoch variance, ESS)`` computed for the whole stack at once by the kernel
-        (:func:`summaries`), or None.  Used only while its first entry *is* this state's ``log_w`` (a state
-        rebuilt with other log-weights computes its own), so it can never go stale; not checkpointed.
+    summary : ``(log_w, evidence_var, log Ẑ, open-epoch variance, ESS, closed-epoch variance)`` computed for the
+        whole stack at once by the kernel (:func:`summaries`), or None.  Used only while its first two entries *are*
+        this state's ``log_w`` and ``evidence_var`` (a state rebuilt with others computes its own), so it can never go
+        stale; not checkpointed.  Its numbers are Python floats read from the device once per stack: each read of a
+        GPU tensor waits for the device (``bench/host_syncs.py``).
     """
 
     theta: torch.Tensor
@@ -54,12 +59,12 @@ class SGAISState(NamedTuple):
     n_change: int = 0
     evidence_var: torch.Tensor = torch.zeros((), dtype=torch.float64)
     degraded: str | None = None
-    summary: tuple[torch.Tensor, float, float, float] | None = None
+    summary: Summary | None = None
 
-    def _summary(self) -> tuple[torch.Tensor, float, float, float]:
-        if self.summary is not None and self.summary[0] is self.log_w:
+    def _summary(self) -> Summary:
+        if self.summary is not None and self.summary[0] is self.log_w and self.summary[1] is self.evidence_var:
             return self.summary
-        return summaries(self.log_w[None], [self.log_w])[0]
+        return summaries(self.log_w[None], [self.log_w], self.evidence_var[None], [self.evidence_var])[0]
 
     @property
     def n(self) -> int:
@@ -83,13 +88,14 @@ class SGAISState(NamedTuple):
     @property
     def log_evidence_uncorrected(self) -> float:
         """``log Ẑ_n = logsumexp(log_w) − log M`` (nats), thesis eq. 4.6."""
-        return self._summary()[1]
+        return self._summary()[2]
 
     @property
     def log_evidence_var(self) -> float:
         """Estimated Monte Carlo variance of ``log Ẑ_n`` (nats²): the closed epochs' ``evidence_var``
         plus the open epoch's :func:`workers.sgais.epoch_variance` of ``log_w``."""
-        return float(self.evidence_var) + self._summary()[2]
+        summary = self._summary()
+        return summary[5] + summary[3]
 
     @property
     def log_evidence_se(self) -> float:
@@ -99,23 +105,27 @@ class SGAISState(NamedTuple):
     @property
     def ess(self) -> float:
         """ESS of the current log-weights, in particles (:func:`workers.ess.ess`)."""
-        return self._summary()[3]
+        return self._summary()[4]
 
 
-def summaries(log_w: torch.Tensor, rows: list[torch.Tensor]) -> list[tuple[torch.Tensor, float, float, float]]:
-    """The :attr:`SGAISState.summary` of each model of a stack, three batched reductions for all of them.
+def summaries(
+    log_w: torch.Tensor, rows: list[torch.Tensor], evidence_var: torch.Tensor, closed: list[torch.Tensor]
+) -> list[Summary]:
+    """The :attr:`SGAISState.summary` of each model of a stack, three batched reductions and one read from the
+    device for all of them.
 
-    ``log_w: [K, M]`` float64; ``rows[k]`` the tensor the k-th state holds as its ``log_w`` (its row ``k``).
-    ``log Ẑ = logsumexp(log_w) − log M`` (thesis eq. 4.6), the open epoch's variance
+    ``log_w: [K, M]`` float64; ``rows[k]`` the tensor the k-th state holds as its ``log_w`` (its row ``k``);
+    ``evidence_var: [K]`` the closed epochs' variances, ``closed[k]`` the tensor the k-th state holds as its
+    ``evidence_var``.  ``log Ẑ = logsumexp(log_w) − log M`` (thesis eq. 4.6), the open epoch's variance
     (:func:`workers.sgais.epoch_variance`) and the ESS (:func:`workers.ess.ess`), each row-wise, so a
     model's numbers do not depend on the stack it is in.
     """
     from workers.ess import ess
     from workers.sgais import epoch_variance
 
-    log_z = (torch.logsumexp(log_w, -1) - math.log(log_w.shape[-1])).tolist()
-    var, n_eff = epoch_variance(log_w).tolist(), ess(log_w).tolist()
-    return list(zip(rows, log_z, var, n_eff, strict=True))
+    log_z = torch.logsumexp(log_w, -1) - math.log(log_w.shape[-1])
+    values = torch.stack([log_z, epoch_variance(log_w), ess(log_w), evidence_var.to(log_z)]).T.tolist()
+    return [(row, c, *v) for row, c, v in zip(rows, closed, values, strict=True)]
 
 
 class BlockInfo(NamedTuple):
