@@ -575,7 +575,11 @@ def _move(
     draws = [0 if w else c for w, c in zip(whole, counts, strict=True)]
     plan = block.batches.plan(list(gens), block.models, draws) if block.batches is not None and any(draws) else None
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
-    grad_at = _step_gradient(block, theta, anchor, anchor_grad, lam=lam, plan=plan, whole=whole, S=S, bulk=bulk)
+    step_gradient = _step_gradient(block, theta, anchor, anchor_grad, lam=lam, plan=plan, whole=whole, S=S, bulk=bulk)
+
+    def grad_at(th: torch.Tensor, step: int) -> torch.Tensor:  # in the particles' dtype (a mixture's is float64)
+        return step_gradient(th, step).to(theta.dtype)
+
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
     keep_v = 1.0 - alpha
     first = grad_at(theta, 0)
@@ -590,6 +594,7 @@ def _move(
     # P = L Lᵀ: ξ = √(2α)·L·N(0, I) from the same draws, the drift P∇U; per model, the full preconditioner or
     # the diagonal (where P could not be formed)
     P, L, use = _full_preconditioner(theta, log_w, first, variance, s.learning_rate)
+    P, L = P.to(theta.dtype), L.to(theta.dtype)  # formed in float64; float32 particles stay float32
     use &= gate
     if not bool(use.any()):
         return run(step_size, _diagonal_xi(noise, alpha, step_size))
@@ -696,7 +701,7 @@ def tempered_score(block: StackBlock, theta: torch.Tensor, lam: torch.Tensor) ->
         rows = torch.tensor(ks, device=theta.device)
         hx = x[idx.to(x.device)] if x is not None else None
         part = history_gradient(fam.select(rows), theta[rows], hx, y[idx.to(y.device)])
-        g = g.index_add(0, rows, part)
+        g = g.index_add(0, rows, part.to(g.dtype))  # float32 particles: g is float64 (λ's dtype), part float32
     return g
 
 
