@@ -85,6 +85,12 @@ from workers.sghmc import sghmc_step, standard_normal
 #: Unconstrained coordinates beyond this magnitude mean the SGHMC moves have diverged.
 DIVERGED = 1e12
 
+#: A model's ``logsumexp(log_w)`` beyond this magnitude (nats) is no estimate: float64 resolves a nat only below
+#: 2^53 ≈ 9·10^15, and a block's likelihood this small means particles far outside the data's reach (a float32
+#: AR(3) whose moves ran away to 5·10^11, just under :data:`DIVERGED`, reported log Ẑ = +1.4·10^41 as ``degraded``
+#: before this limit: from log-weights of −3·10^20 and their jackknife variance).
+LOG_WEIGHT_LIMIT = 1e15
+
 
 class NumericalError(FloatingPointError):
     """NaN/inf log-weights or particles: the update is not trustworthy and was not applied."""
@@ -312,7 +318,10 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
         behind[active] += info.behind
         tripped[active] |= trip
         for k in active[info.failed & ~bad].tolist():
-            errors[k] = "log-weights became NaN or all -inf, or SGHMC diverged (particles at NaN/inf or beyond 1e12)"
+            errors[k] = (
+                "log-weights became NaN or all -inf or beyond 1e15 nats, or SGHMC diverged (particles at NaN/inf or "
+                "beyond 1e12)"
+            )
         failed[active] |= info.failed | bad
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]
     return state, BlockStats(steps.tolist(), resampled.tolist(), tripped.tolist(), errors, behind.tolist(), first_rows)
@@ -339,7 +348,8 @@ def tempered_step(
     """
     s, M = block.settings, state.log_w.shape[1]
     log_w = state.log_w + torch.nan_to_num(delta[:, None] * log_lik, neginf=-math.inf)
-    failed = torch.isnan(log_w).any(-1) | ~torch.isfinite(torch.logsumexp(log_w, -1))
+    total = torch.logsumexp(log_w, -1)
+    failed = torch.isnan(log_w).any(-1) | ~torch.isfinite(total) | (total.abs() > LOG_WEIGHT_LIMIT)
     posterior_var, step_size, correlated = _step_sizes(block, state.theta, log_w, state.posterior_var, lam)
     ess_now = ess(log_w)
     resample = (s.resample_threshold > 0) & (ess_now < s.resample_threshold * M) & ~failed

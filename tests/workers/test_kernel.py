@@ -478,6 +478,21 @@ def test_divergence_is_detected_not_absorbed() -> None:
             engine.update(x[a : a + 500], y[a : a + 500])
 
 
+def test_a_log_evidence_beyond_float64s_resolution_is_an_error_not_a_value() -> None:
+    """A one-component gmm settled near 0, then one value at 10⁹: the block's log-likelihood at the particles is
+    about −10¹⁸ nats, beyond what float64 resolves to a nat, and the particles stay under DIVERGED.  Before
+    sgais.LOG_WEIGHT_LIMIT the engine reported log Ẑ = +4.2·10³¹ (SE 9·10¹⁵) as ``degraded``; it is a
+    NumericalError, and the state is left as it was."""
+    engine = ModelEngine("gmm", {"dim": 1, "components": 1}, {"seed": 0})
+    engine.update(None, torch.randn(20, generator=torch.Generator().manual_seed(1), dtype=torch.float64).tolist())
+    before = engine.state
+    with pytest.raises(sgais.NumericalError, match="beyond 1e15 nats"):
+        engine.update(None, [1e9])
+    assert engine.state is before
+    engine.update(None, [1e7])  # far, but within reach: a value, flagged by the checks
+    assert -1e4 < engine.log_evidence < 0 and engine.degraded
+
+
 @pytest.mark.parametrize(
     "name,params",
     [
