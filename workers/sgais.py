@@ -585,14 +585,12 @@ def _move(
     draws = [0 if w else c for w, c in zip(whole, counts, strict=True)]
     plan = block.batches.plan(list(gens), block.models, draws) if block.batches is not None and any(draws) else None
     noise = _noise(gens, counts, tuple(theta.shape[1:]), theta)  # [K, S, M, D]
-    step_gradient = _step_gradient(block, theta, anchor, anchor_grad, lam=lam, plan=plan, whole=whole, S=S, bulk=bulk)
-
-    def grad_at(th: torch.Tensor, step: int) -> torch.Tensor:  # in the particles' dtype (a mixture's is float64)
-        return step_gradient(th, step).to(theta.dtype)
-
+    grad_at = _step_gradient(block, theta, anchor, anchor_grad, lam=lam, plan=plan, whole=whole, S=S, bulk=bulk)
     alpha = s.momentum_decay[:, None, None].to(theta.dtype)
     keep_v = 1.0 - alpha
     first = grad_at(theta, 0)
+    if first.dtype != theta.dtype:  # float32 particles, a gradient formed in float64 (a mixture's exact history one)
+        first, grad_at = first.to(theta.dtype), _in_dtype(grad_at, theta.dtype)
 
     def run(step_size: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _sghmc_steps(theta, velocity, first, grad_at, xi, step_size, keep_v, counts)
@@ -604,7 +602,6 @@ def _move(
     # P = L Lᵀ: ξ = √(2α)·L·N(0, I) from the same draws, the drift P∇U; per model, the full preconditioner or
     # the diagonal (where P could not be formed)
     P, L, use = _full_preconditioner(theta, log_w, first, variance, s.learning_rate)
-    P, L = P.to(theta.dtype), L.to(theta.dtype)  # formed in float64; float32 particles stay float32
     use &= gate
     if not bool(use.any()):
         return run(step_size, _diagonal_xi(noise, alpha, step_size))
@@ -623,6 +620,11 @@ def _move(
         th2, v2 = run(torch.where((use & ~redo)[:, None, None], P, diagonal), xi)
         th, v = torch.where(redo[:, None, None], th2, th), torch.where(redo[:, None, None], v2, v)
     return th, v
+
+
+def _in_dtype(grad_at: StepGradient, dtype: torch.dtype) -> StepGradient:
+    """``grad_at`` with its gradients cast to ``dtype``: SGHMC's update in the particles' dtype."""
+    return lambda theta, step: grad_at(theta, step).to(dtype)
 
 
 def _catch_up(
