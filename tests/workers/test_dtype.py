@@ -48,3 +48,56 @@ def test_float32_particles_stay_float32_through_a_change_and_agree_with_float64(
                 e32.log_evidence,
                 e64.log_evidence,
             )
+
+
+def test_float32_models_through_the_service(settings) -> None:
+    """Float32 models of a covariate family and of AR through a worker and a second worker that restores them from
+    their checkpoints: every route that reads a model's state answers (evidence, posterior, predictive), with the
+    same values before and after the restore, and the restored particles are float32."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from tests.integration.helpers import die, run_until_idle
+    from workers.worker import Worker
+
+    models = {"lr": ("linear_regression", {"features": 3}, "r"), "ar": ("autoregressive", {"order": 2}, "a")}
+    streams = {"r": _stream("linear_regression", {}), "a": _stream("autoregressive", {"order": 1})}
+    with TestClient(create_app(settings, workers=0)) as api:
+        for name, (family, params, stream) in models.items():
+            body = {"name": name, "stream": stream, "family": family, "params": params}
+            assert api.post("/v1/models", json={**body, "sampler": {**SMALL, "dtype": "float32"}}).status_code == 201
+        for a in range(0, N, BLOCK):
+            x, y = streams["r"]
+            assert (
+                api.post("/v1/streams/r/chunks", json={"x": x[a : a + BLOCK], "y": y[a : a + BLOCK]}).status_code == 202
+            )
+            assert api.post("/v1/streams/a/chunks", json={"y": streams["a"][1][a : a + BLOCK]}).status_code == 202
+        first = Worker(settings)
+        run_until_idle(first)
+
+        def read() -> dict:
+            out = {}
+            for name in models:
+                out[name] = [
+                    api.get(f"/v1/models/{name}/evidence").json(),
+                    api.get(f"/v1/models/{name}/posterior").json(),
+                ]
+            out["ar"].append(api.get("/v1/models/ar/predictive", params={"horizon": 2}).json())
+            return out
+
+        before = read()
+        die(first)
+        second = Worker(settings)
+        run_until_idle(second)
+        after = read()
+        held = {h.name: h.engine for h in second.leases.snapshot()}
+        alerts = api.get("/v1/alerts", params={"kind": "change_point"}).json()["items"]
+        changes = {n: [a["observation_index"] for a in alerts if a["model"] == n] for n in models}
+    for name in models:
+        ev = before[name][0]
+        assert ev["observations"] == N and ev["status"] in ("ok", "degraded") and math.isfinite(ev["log_evidence"])
+        # a change-point model's particles describe the segment since its last change (an AR's with the lags before)
+        since = N - max(changes[name], default=0)
+        assert before[name][1]["parameters"] and since <= before[name][1]["observations"] <= since + 2
+        assert held[name].main.state.theta.dtype == torch.float32
+    assert before["ar"][2]["steps"] and before == after
