@@ -208,6 +208,10 @@ def predictive(
             raise PredictiveError("x", str(err)) from None
     elif x is not None:
         raise PredictiveError("x", f"family {family.name!r} takes no covariates")
+    # in float64 whatever the particles' dtype (a float32 model's particles are exact in float64; the x rows and the
+    # simulated noise are float64): float32 models' covariate rows met float64 rows here and raised (session 33)
+    theta = theta.to(torch.float64)
+    context = context.to(torch.float64) if context is not None else None
     values, _ = family.space.constrain(theta)
     M = theta.shape[0]
     S = max(1, math.ceil(total_draws / M))

@@ -52,8 +52,9 @@ def test_float32_particles_stay_float32_through_a_change_and_agree_with_float64(
 
 def test_float32_models_through_the_service(settings) -> None:
     """Float32 models of a covariate family and of AR through a worker and a second worker that restores them from
-    their checkpoints: every route that reads a model's state answers (evidence, posterior, predictive), with the
-    same values before and after the restore, and the restored particles are float32."""
+    their checkpoints: every route that reads a model's state answers (evidence, posterior, predictive, the covariate
+    family's at posted x rows), with the same values before and after the restore, and the restored particles are
+    float32."""
     from fastapi.testclient import TestClient
 
     from service.app import create_app
@@ -83,6 +84,8 @@ def test_float32_models_through_the_service(settings) -> None:
                     api.get(f"/v1/models/{name}/posterior").json(),
                 ]
             out["ar"].append(api.get("/v1/models/ar/predictive", params={"horizon": 2}).json())
+            rows = {"x": [[0.1, -0.2, 0.3], [1.0, 0.0, -1.0]]}  # a float32 model's x rows: they raised until session 33
+            out["lr"].append(api.post("/v1/models/lr/predictive", json=rows).json())
             return out
 
         before = read()
@@ -100,4 +103,4 @@ def test_float32_models_through_the_service(settings) -> None:
         since = N - max(changes[name], default=0)
         assert before[name][1]["parameters"] and since <= before[name][1]["observations"] <= since + 2
         assert held[name].main.state.theta.dtype == torch.float32
-    assert before["ar"][2]["steps"] and before == after
+    assert before["ar"][2]["steps"] and len(before["lr"][2]["steps"]) == 2 and before == after
