@@ -104,3 +104,33 @@ def test_float32_models_through_the_service(settings) -> None:
         assert before[name][1]["parameters"] and since <= before[name][1]["observations"] <= since + 2
         assert held[name].main.state.theta.dtype == torch.float32
     assert before["ar"][2]["steps"] and len(before["lr"][2]["steps"]) == 2 and before == after
+
+
+def test_float32_models_have_the_same_bits_after_a_restore() -> None:
+    """Every family's float32 change-point engine, checkpointed after 80 of 100 values (past the change at 60) and
+    restored from the stream, ends with the bits of the uninterrupted run (DESIGN.md §9, as for float64 in
+    ``tests/workers/test_stack.py``)."""
+    for i, (family, params) in enumerate(FAMILIES):
+        x, y = _stream(family, params)
+
+        def chunk(a: int, x=x, y=y) -> tuple:
+            return (x[a : a + BLOCK] if x is not None else None), y[a : a + BLOCK]
+
+        sampler = {**SMALL, "seed": i, "dtype": "float32"}
+        full = SegmentedEngine.create(family, params, sampler, ChangepointSettings())
+        part = SegmentedEngine.create(family, params, sampler, ChangepointSettings())
+        for a in range(0, N, BLOCK):
+            full.update(*chunk(a))
+            if a < 80:
+                part.update(*chunk(a))
+        back = SegmentedEngine.restore(
+            part.to_bytes(include_history=False),
+            part.changepoint_bytes(),
+            ChangepointSettings(),
+            lambda: iter([chunk(s) for s in range(0, 80, BLOCK)]),
+        )
+        for a in range(80, N, BLOCK):
+            back.update(*chunk(a))
+        assert back.main.state.theta.dtype == torch.float32
+        assert torch.equal(back.main.state.theta, full.main.state.theta), (family, params)
+        assert back.log_evidence == full.log_evidence and back.log_evidence_se == full.log_evidence_se
