@@ -313,9 +313,9 @@ class Leases:
             res = pipe.execute()
             free = [
                 ref
-                for ref, leased, st, parked in zip(rest, res[::3], res[1::3], res[2::3], strict=True)
+                for ref, has_lease, st, parked in zip(rest, res[::3], res[1::3], res[2::3], strict=True)
                 # not held by another worker, not failed, not parked (quarantine)
-                if not leased and st != b"error" and not (parked is not None and float(parked) > now_wall)
+                if not has_lease and st != b"error" and not (parked is not None and float(parked) > now_wall)
             ]
             # each worker tries the models in its own order, so racing workers rarely collide
             free.sort(key=lambda ref: zlib.crc32(f"{self.worker_id}/{ref}".encode()))
