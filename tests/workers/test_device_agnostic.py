@@ -216,7 +216,8 @@ def test_every_family_keeps_its_tensors_on_the_models_device() -> None:
 def test_a_worker_keeps_its_tensors_on_the_models_device(settings) -> None:
     """The worker's path from Redis to the engine and back (chunks decoded, absorbed in stacks and committed; then a
     second worker restores every model from its checkpoint and absorbs the rest): no implicitly-CPU tensor meets the
-    model's."""
+    model's.  None of the three faults this module's docstring names shows here (the engine test above finds each);
+    this one guards the worker's own code: decoding, stacking by layout, commits, restores."""
     from service.app import create_app
     from tests.integration.helpers import die, run_until_idle
     from workers.worker import Worker
