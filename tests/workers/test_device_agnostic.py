@@ -9,10 +9,11 @@ CPU*, and so is every result of an operation whose tensor inputs all are; an ope
 0-d tensor, which torch moves; not an index into another tensor) with a tensor that is not is recorded with where
 it happened.  Here every model's device is the CPU, so the runs below are the ordinary ones.
 
-Found this way (session 33), each of which raised on a GPU: the closed-form Laplace start's grid of ``log σ²``
-(``models.densities``: every AR and unknown-noise regression fit then fell back to L-BFGS), the change locator's
-block likelihoods on the chunk's CPU values (``workers.segmented._block_likelihoods``: every change-point model of
-a covariate family, and gmm's, failed its block), and the posterior summary's quantile probes (``workers.engine``).
+Found this way (session 33), each of which would raise on a GPU (not run on one here): the closed-form Laplace start's
+grid of ``log σ²`` (``models.densities``: every AR and unknown-noise regression fit then fell back to L-BFGS), the
+change locator's block likelihoods on the chunk's CPU values (``workers.segmented._block_likelihoods``: every change-
+point model of a covariate family, and gmm's, failed its block), and the posterior summary's quantile probes
+(``workers.engine``).
 """
 
 from __future__ import annotations
