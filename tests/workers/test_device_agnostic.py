@@ -11,8 +11,8 @@ it happened.  Here every model's device is the CPU, so the runs below are the or
 
 Found this way (session 33), each of which would raise on a GPU (not run on one here): the closed-form Laplace start's
 grid of ``log σ²`` (``models.densities``: every AR and unknown-noise regression fit then fell back to L-BFGS), the
-change locator's block likelihoods on the chunk's CPU values (``workers.segmented._block_likelihoods``: every change-
-point model of a covariate family, and gmm's, failed its block), and the posterior summary's quantile probes
+change locator's block likelihoods on the chunk's CPU values (``workers.segmented._block_likelihoods``: the
+change-point models of every family), and the posterior summary's quantile probes
 (``workers.engine``).
 """
 
