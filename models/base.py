@@ -543,6 +543,17 @@ class Family(ABC):
         coordinates (``workers.conflict.laplace``); None where it has none (the default)."""
         return None
 
+    #: True when, under the target whose statistics are ``T`` (``sufficient_statistics`` families), the LAST
+    #: unconstrained coordinate is ``u = log σ²`` of a noise variance whose conditional given the others is
+    #: ``σ² ~ InvGamma(shape, scale(θ))`` (:meth:`stacked_noise_conditional`): the sampler may then draw it exactly,
+    #: a Gibbs step between its SGHMC moves (``workers.sgais.noise_draws``).
+    noise_conditional: bool = False
+
+    def stacked_noise_conditional(self, theta: torch.Tensor, T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(shape: [K, 1], scale: [K, M])`` of ``σ² | θ ~ InvGamma(shape, scale)`` under the target of statistics
+        ``T: [K, P]`` at the particles ``theta: [K, M, D]`` (``noise_conditional`` families)."""
+        raise NotImplementedError(f"{self.name} has no conditional noise variance")
+
     def stacked_fisher(
         self, theta: torch.Tensor, weights: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict
     ) -> torch.Tensor:

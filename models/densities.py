@@ -139,6 +139,20 @@ def _split_unknown_noise(T: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return A, c, yy, n, T[:, DD + D + 2 : 2 * DD + D + 2].reshape(K, D, D), T[:, 2 * DD + D + 2 :]
 
 
+def unknown_noise_conditional(theta: torch.Tensor, T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``σ² | θ ~ InvGamma(n/2, rss(θ)/2)`` under the target of statistics ``T`` (data and the prior's
+    pseudo-statistics, :func:`unknown_noise_gradient_from_statistics`): ``theta = [θ: D, u]: [K, M, D+1]`` ->
+    ``(shape = n/2: [K, 1], scale = rss/2: [K, M])`` with ``rss = yy − 2θ·c + θᵀAθ``.
+
+    In ``u = log σ²`` the log target is ``−½nu − ½e^{−u}·rss(θ)`` plus terms free of ``u``, the log-density of
+    ``σ² ~ InvGamma(n/2, rss/2)`` with its log-|J| ``u`` (the prior's ``InvGamma(a, b)`` enters ``T`` as ``n = 2a``,
+    ``yy = 2b``; Gelman et al. 2013, *BDA3* §3.3 and §14.2, the semi-conjugate regression's Gibbs sampler)."""
+    A, c, yy, n, _, _ = _split_unknown_noise(T)
+    lin = theta[..., :-1]
+    rss = yy - 2.0 * (lin * c[:, None, :]).sum(-1) + (lin * bmm(lin, A)).sum(-1)
+    return 0.5 * n, 0.5 * rss
+
+
 def unknown_noise_mode_from_statistics(T: torch.Tensor) -> torch.Tensor | None:
     """``[θ̂, û]: [K, D + 1]``, the maximum of ``f(θ, u) = −½nu − ½e^{−u}(yy − 2θ·c + θᵀAθ) − ½θᵀPθ + θ·q``, the log
     target (up to a constant) whose gradient is :func:`unknown_noise_gradient_from_statistics`, for ``T`` holding the
@@ -242,6 +256,10 @@ class LinearGaussianStatistics:
     def stacked_mode_from_statistics(self, T):
         """Unknown noise: :func:`unknown_noise_mode_from_statistics` (the profile over ``log σ²``)."""
         return unknown_noise_mode_from_statistics(T)
+
+    def stacked_noise_conditional(self, theta, T):
+        """Unknown noise: :func:`unknown_noise_conditional`, ``InvGamma(n/2, rss(θ)/2)``."""
+        return unknown_noise_conditional(theta, T)
 
     def stacked_gradient_statistics(self, x, y, hp):
         return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)

@@ -60,6 +60,13 @@ class SamplerSettings(BaseModel):
         "whose particles lag its tempered target (Stein's identity against the exact score over the whole history: "
         "workers.sgais.lagging); 0 = off",
     )
+    noise_draws: bool = Field(
+        True,
+        description="in the warm-up, an unknown-noise linear-Gaussian model (AR(p), linear regression without "
+        "noise_std) draws its noise variance from its exact conditional under the tempered target, "
+        "InvGamma(n/2, rss/2) over the whole history, after each annealing step's SGHMC moves (a Gibbs step: "
+        "workers.sgais.noise_draws); false = SGHMC moves alone",
+    )
     moves: Literal["adaptive", "every_step"] = Field(
         "adaptive",
         description="every_step: burn_in SGHMC moves after every annealing step (thesis Alg. 8); adaptive: a "

@@ -27,7 +27,10 @@ def test_the_nile_dam_is_the_only_change_point_whatever_the_chunking(settings) -
     alerts, location within ±1) on the same series posted in chunks of 50 to another stream.  Not chunks of 5: there
     the AR(1) raises no alert (``python bench/nile.py --chunks 1,5,50``, session 21: the drop of the block's tail at
     28-29 is below ``spawn_z``, so no challenger starts at 28, and the later ones do not reach the confirmation
-    level); the gmm finds 28 at every chunking."""
+    level); the gmm finds 28 at every chunking.  The AR(1) in chunks of 50 confirms 28 only at the series' last value
+    (its log Bayes factor crosses the confirmation level there): 9 of 10 seeds do (the default's seed 0 does not since
+    session 34's noise-variance draws: the first block's locator placed its challenger at 18), so here it may raise
+    nothing but nothing else; the seeds are counted in process below."""
     y = np.loadtxt(NILE, delimiter=",", skiprows=1)[:, 1]
     z = (y - y.mean()) / y.std()
     sizes = (1, 50)
@@ -58,5 +61,30 @@ def test_the_nile_dam_is_the_only_change_point_whatever_the_chunking(settings) -
         (at,) = found[(name, 1)]
         assert abs(at - 28) <= 5, found
         for size in sizes:
+            if (name, size) == ("ar1", 50):  # marginal: test_the_nile_in_chunks_of_50_under_ar1_over_seeds
+                assert len(found[(name, size)]) <= 1 and all(abs(a - at) <= 1 for a in found[(name, size)]), found
+                continue
             assert len(found[(name, size)]) == 1 and abs(found[(name, size)][0] - at) <= 1, found
     assert set(statuses.values()) == {"ok"}, statuses
+
+
+def test_the_nile_in_chunks_of_50_under_ar1_over_seeds() -> None:
+    """The AR(1) with default settings (seeds 0-9) on the standardised Nile in chunks of 50, in process: 9 of 10 raise
+    one ``change_point`` at 28, detected at the last value (99), and none raises another (measured, session 34; at
+    9fdbb50, before the noise-variance draws, 10 of 10).  A chunk of 50 holds the change: its challenger is placed by
+    the in-block split, and the Bayes factor reaches the confirmation level only at the series' end."""
+    from workers.changepoint import ChangepointSettings
+    from workers.segmented import SegmentedEngine
+
+    y = np.loadtxt(NILE, delimiter=",", skiprows=1)[:, 1]
+    z = (y - y.mean()) / y.std()
+    found = []
+    for seed in range(10):
+        eng = SegmentedEngine.create("autoregressive", {"order": 1}, {"seed": seed}, ChangepointSettings())
+        alerts = []
+        for a in range(0, len(z), 50):
+            eng.update(None, z[a : a + 50].tolist())
+            alerts += [(al["observation_index"], al["detected_at_index"]) for al in eng.take_alerts()]
+        found.append(alerts)
+    assert all(alerts in ([], [(28, 99)]) for alerts in found), found
+    assert sum(alerts == [(28, 99)] for alerts in found) >= 9, found
