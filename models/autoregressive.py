@@ -155,8 +155,8 @@ class Autoregressive(LinearGaussianStatistics, Family):
         return not self.known_noise  # LinearGaussianStatistics: one gradient evaluation per SGHMC step
 
     @property
-    def noise_conditional(self) -> bool:  # type: ignore[override]
-        return not self.known_noise  # σ² | θ ~ InvGamma (LinearGaussianStatistics.stacked_noise_conditional)
+    def gibbs_conditionals(self) -> bool:  # type: ignore[override]
+        return not self.known_noise  # θ | σ² Gaussian, σ² | θ InvGamma (LinearGaussianStatistics)
 
     def stacked_prior_pseudo_statistics(self, hp):
         """Unknown noise: the prior as statistics ``T0`` (:func:`models.densities.unknown_noise_prior_statistics`)."""

@@ -544,15 +544,24 @@ class Family(ABC):
         return None
 
     #: True when, under the target whose statistics are ``T`` (``sufficient_statistics`` families), the LAST
-    #: unconstrained coordinate is ``u = log σ²`` of a noise variance whose conditional given the others is
-    #: ``σ² ~ InvGamma(shape, scale(θ))`` (:meth:`stacked_noise_conditional`): the sampler may then draw it exactly,
-    #: a Gibbs step between its SGHMC moves (``workers.sgais.noise_draws``).
-    noise_conditional: bool = False
+    #: unconstrained coordinate is ``u = log σ²`` of a noise variance, the others given it are Gaussian
+    #: (:meth:`stacked_coefficient_conditional`) and it given them is ``σ² ~ InvGamma(shape, scale(θ))``
+    #: (:meth:`stacked_noise_conditional`): the sampler may then take a Gibbs sweep between its SGHMC moves
+    #: (``workers.sgais.gibbs_sweep``).
+    gibbs_conditionals: bool = False
 
     def stacked_noise_conditional(self, theta: torch.Tensor, T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(shape: [K, 1], scale: [K, M])`` of ``σ² | θ ~ InvGamma(shape, scale)`` under the target of statistics
-        ``T: [K, P]`` at the particles ``theta: [K, M, D]`` (``noise_conditional`` families)."""
+        ``T: [K, P]`` at the particles ``theta: [K, M, D]`` (``gibbs_conditionals`` families)."""
         raise NotImplementedError(f"{self.name} has no conditional noise variance")
+
+    def stacked_coefficient_conditional(
+        self, theta: torch.Tensor, T: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mean: [K, M, D−1], L: [K, M, D−1, D−1], ok: [K, M])`` of the other coordinates given ``u``,
+        ``N(mean, (L Lᵀ)⁻¹)``, under the target of statistics ``T: [K, P]`` at the particles ``theta: [K, M, D]``
+        (``gibbs_conditionals`` families; ``ok`` false where the precision is not positive definite)."""
+        raise NotImplementedError(f"{self.name} has no conditional coefficients")
 
     def stacked_fisher(
         self, theta: torch.Tensor, weights: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict

@@ -146,11 +146,31 @@ def unknown_noise_conditional(theta: torch.Tensor, T: torch.Tensor) -> tuple[tor
 
     In ``u = log σ²`` the log target is ``−½nu − ½e^{−u}·rss(θ)`` plus terms free of ``u``, the log-density of
     ``σ² ~ InvGamma(n/2, rss/2)`` with its log-|J| ``u`` (the prior's ``InvGamma(a, b)`` enters ``T`` as ``n = 2a``,
-    ``yy = 2b``; Gelman et al. 2013, *BDA3* §3.3 and §14.2, the semi-conjugate regression's Gibbs sampler)."""
+    ``yy = 2b``): the variance step of the semi-conjugate regression's Gibbs sampler (Gelman et al. 2013, *BDA3*,
+    ch. 14)."""
     A, c, yy, n, _, _ = _split_unknown_noise(T)
     lin = theta[..., :-1]
     rss = yy - 2.0 * (lin * c[:, None, :]).sum(-1) + (lin * bmm(lin, A)).sum(-1)
     return 0.5 * n, 0.5 * rss
+
+
+def unknown_noise_coefficient_conditional(
+    theta: torch.Tensor, T: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``θ | σ² ~ N(Λ⁻¹b, Λ⁻¹)`` under the target of statistics ``T`` (as :func:`unknown_noise_conditional`), with
+    ``Λ = e^{−u}A + P`` and ``b = e^{−u}c + q`` at each particle's ``u = log σ²``: ``theta: [K, M, D+1]`` ->
+    ``(mean: [K, M, D], L: [K, M, D, D] with Λ = L Lᵀ, ok: [K, M] bool)``, ``ok`` false where Λ is not positive
+    definite (its ``L`` is then not to be used).
+
+    In ``θ`` the log target ``−½e^{−u}(yy − 2θ·c + θᵀAθ) − ½θᵀPθ + θ·q`` is the Gaussian log-density
+    ``−½θᵀΛθ + θ·b`` up to terms free of ``θ``: the coefficient step of the semi-conjugate regression's Gibbs sampler
+    (Gelman et al. 2013, *BDA3*, ch. 14)."""
+    A, c, _, _, P, q = _split_unknown_noise(T)
+    iv = torch.exp(-theta[..., -1])  # [K, M]
+    precision = A[:, None] * iv[..., None, None] + P[:, None]
+    b = c[:, None] * iv[..., None] + q[:, None]
+    L, info = torch.linalg.cholesky_ex(precision)
+    return torch.cholesky_solve(b[..., None], L)[..., 0], L, info == 0
 
 
 def unknown_noise_mode_from_statistics(T: torch.Tensor) -> torch.Tensor | None:
@@ -260,6 +280,10 @@ class LinearGaussianStatistics:
     def stacked_noise_conditional(self, theta, T):
         """Unknown noise: :func:`unknown_noise_conditional`, ``InvGamma(n/2, rss(θ)/2)``."""
         return unknown_noise_conditional(theta, T)
+
+    def stacked_coefficient_conditional(self, theta, T):
+        """Unknown noise: :func:`unknown_noise_coefficient_conditional`, ``N(Λ⁻¹b, Λ⁻¹)``."""
+        return unknown_noise_coefficient_conditional(theta, T)
 
     def stacked_gradient_statistics(self, x, y, hp):
         return linear_gaussian_statistics(x, y, hp["noise_std"] ** 2)

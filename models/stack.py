@@ -118,13 +118,20 @@ class StackedFamily:
         return self.family.stacked_prior_pseudo_statistics(self.hp)
 
     @property
-    def noise_conditional(self) -> bool:
-        return self.family.noise_conditional
+    def gibbs_conditionals(self) -> bool:
+        return self.family.gibbs_conditionals
 
     def noise_conditional_of(self, theta: torch.Tensor, T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(shape: [K, 1], scale: [K, M])`` of the noise variance's conditional ``InvGamma`` at ``theta: [K, M, D]``
         under the target of statistics ``T: [K, P]`` (:meth:`Family.stacked_noise_conditional`)."""
         return self.family.stacked_noise_conditional(theta, T)
+
+    def coefficient_conditional_of(
+        self, theta: torch.Tensor, T: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mean, L, ok)`` of the coefficients' Gaussian conditional given ``u`` at ``theta: [K, M, D]`` under the
+        target of statistics ``T: [K, P]`` (:meth:`Family.stacked_coefficient_conditional`)."""
+        return self.family.stacked_coefficient_conditional(theta, T)
 
     def mode_from_statistics(self, T: torch.Tensor) -> torch.Tensor | None:
         """``θ̂: [K, D]`` with ``g(θ̂, T) = 0`` in closed form, or None (:meth:`Family.stacked_mode_from_statistics`)."""

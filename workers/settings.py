@@ -60,12 +60,12 @@ class SamplerSettings(BaseModel):
         "whose particles lag its tempered target (Stein's identity against the exact score over the whole history: "
         "workers.sgais.lagging); 0 = off",
     )
-    noise_draws: bool = Field(
+    gibbs_moves: bool = Field(
         True,
         description="in the warm-up, an unknown-noise linear-Gaussian model (AR(p), linear regression without "
-        "noise_std) draws its noise variance from its exact conditional under the tempered target, "
-        "InvGamma(n/2, rss/2) over the whole history, after each annealing step's SGHMC moves (a Gibbs step: "
-        "workers.sgais.noise_draws); false = SGHMC moves alone",
+        "noise_std) takes a Gibbs sweep on its exact conditionals under the tempered target after each annealing "
+        "step's SGHMC moves: the coefficients given the noise variance (Gaussian), then the noise variance given "
+        "them (InvGamma), from the whole history's statistics (workers.sgais.gibbs_sweep); false = SGHMC moves alone",
     )
     moves: Literal["adaptive", "every_step"] = Field(
         "adaptive",

@@ -134,7 +134,7 @@ class KernelSettings(NamedTuple):
     burn_in: torch.Tensor  # [K] int64, SGHMC steps per annealing step
     variance_slack: torch.Tensor  # [K] float64, η_d ≤ variance_slack · lr · Var_d (:func:`_step_sizes`)
     catch_up: torch.Tensor  # [K] int64, extra rounds of moves while the particles lag (:func:`_catch_up`; 0 = off)
-    noise_draws: torch.Tensor  # [K] bool, the noise variance drawn from its exact conditional (:func:`noise_draws`)
+    gibbs_moves: torch.Tensor  # [K] bool, a Gibbs sweep after the SGHMC moves (:func:`gibbs_sweep`)
     max_annealing_steps: int
     move_every_step: bool  # False: a block taken in one step without resampling is not moved (see absorb_block)
     annealed_schedule: bool  # η = lr / (n_prev + λ B) rather than lr / n
@@ -569,42 +569,51 @@ def _move(
     correlated: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """An annealing step's moves at ``lam``: ``burn: [K]`` SGHMC steps per model (:func:`_sghmc_moves`), then for the
-    models with ``settings.noise_draws`` their noise variance drawn from its exact conditional (:func:`noise_draws`)."""
+    models with ``settings.gibbs_moves`` a Gibbs sweep on the exact conditionals (:func:`gibbs_sweep`)."""
     theta, velocity = _sghmc_moves(
         block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
         variance=variance, correlated=correlated,
     )  # fmt: skip
-    draw = block.settings.noise_draws & (burn > 0)
-    if block.family.noise_conditional and bool(draw.any()):
-        rows = draw.nonzero()[:, 0]
-        theta = theta.index_copy(0, rows, noise_draws(block.select(rows), theta[rows], lam[rows]))
+    sweep = block.settings.gibbs_moves & (burn > 0)
+    if block.family.gibbs_conditionals and bool(sweep.any()):
+        rows = sweep.nonzero()[:, 0]
+        theta = theta.index_copy(0, rows, gibbs_sweep(block.select(rows), theta[rows], lam[rows]))
     return theta, velocity
 
 
-def noise_draws(block: StackBlock, theta: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """``theta: [K, M, D]`` with its last coordinate ``u = log σ²`` drawn from ``σ² | θ ~ InvGamma(shape, scale(θ))``,
-    the exact conditional of the noise variance under the tempered target ``π_λ`` (every held history row and the
-    block at ``lam: [K]``; :meth:`models.base.Family.stacked_noise_conditional`): a Gibbs step, which leaves ``π_λ``
-    invariant, so the annealed importance weights stay valid (Neal 2001, *Stat. Comput.* 11, §3: any transition that
-    leaves the intermediate distribution invariant).  Each model draws ``M`` gammas from its own generator.
+def gibbs_sweep(block: StackBlock, theta: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """One Gibbs sweep on the tempered target ``π_λ`` (every held history row and the block at ``lam: [K]``) of a
+    ``gibbs_conditionals`` family (an unknown-noise AR(p) or linear regression), ``theta: [K, M, D]`` with its last
+    coordinate ``u = log σ²``: the coefficients drawn from their Gaussian conditional given ``σ²``
+    (:meth:`models.base.Family.stacked_coefficient_conditional`), then ``σ²`` from ``InvGamma(shape, scale(θ))``
+    given the new coefficients (:meth:`~models.base.Family.stacked_noise_conditional`).  Each step leaves ``π_λ``
+    invariant, so the annealed importance weights stay valid (Neal 2001, *Stat. Comput.* 11: AIS takes any transition
+    that leaves the intermediate distribution invariant).  Each model draws ``M·(D−1)`` normals, then ``M`` gammas,
+    from its own generator.  A particle whose draw is not finite (a precision that is not positive definite, a
+    ``scale`` not positive) keeps that block of coordinates.
 
-    Why: SGHMC moves ``u`` by steps of ``η = lr/n``; where the noise variance moves by orders of magnitude within a
-    few blocks (Bitcoin's 2017 bubble under AR(1)) the particles lag, and the next increments are weighted where
-    the target no longer is.  ``python bench/demo_exact.py --sampler '{"seed": S}'`` (the demo's sampler, S = 0-9):
-    the AR(1) on Bitcoin ended −0.19 to −7.22 nats from its exact evidence (three seeds beyond 3 SE with status
-    ``ok``) without these draws and −1.62 to +0.29 with them (SE 0.6-0.7, all ``ok``); over the demo's 140 AR runs,
-    ``ok`` values beyond 3 SE fell from 9 to 1 (bench/README.md, session 34).  A particle whose ``scale`` is not
-    positive and finite keeps its ``u``."""
+    Why: SGHMC moves by steps of ``η = lr/n``; where the posterior contracts or the noise variance moves by orders of
+    magnitude within a few blocks (a stream's first values; Bitcoin's 2017 bubble under AR(1)) the particles lag,
+    and the next increments are weighted where the target no longer is (bench/README.md, session 34:
+    ``python bench/demo_exact.py`` and ``tests/workers/test_gibbs_moves.py``)."""
     fam = block.family
     T = _tempered_statistics(block, lam)
-    shape, scale = fam.noise_conditional_of(theta.to(T.dtype), T)  # [K, 1], [K, M]
-    M = theta.shape[1]
+    th = theta.to(T.dtype)
+    K, M, D = th.shape
+    normals = torch.stack(
+        [torch.randn(M, D - 1, generator=g, dtype=T.dtype, device=T.device) for g in block.generators]
+    )
+    mean, L, ok = fam.coefficient_conditional_of(th, T)
+    coef = mean + torch.linalg.solve_triangular(L.transpose(-1, -2), normals[..., None], upper=True)[..., 0]
+    keep = ~(ok[..., None] & torch.isfinite(coef))
+    th = torch.cat([torch.where(keep, th[..., :-1], coef), th[..., -1:]], -1)
+    shape, scale = fam.noise_conditional_of(th, T)  # [K, 1], [K, M]
     gammas = torch.stack(
         [torch._standard_gamma(shape[k].expand(M), generator=g) for k, g in enumerate(block.generators)]
     )
     u = torch.log(scale) - torch.log(gammas)
-    ok = (scale > 0) & torch.isfinite(u)
-    return torch.cat([theta[..., :-1], torch.where(ok, u, theta[..., -1].to(u.dtype)).to(theta.dtype)[..., None]], -1)
+    u = torch.where((scale > 0) & torch.isfinite(u), u, th[..., -1])
+    return torch.cat([th[..., :-1], u[..., None]], -1).to(theta.dtype)
 
 
 def _sghmc_moves(

@@ -66,7 +66,7 @@ PER_MODEL_SETTINGS = frozenset(
         "resample_threshold",
         "burn_in",
         "catch_up_moves",
-        "noise_draws",
+        "gibbs_moves",
         "change_burn_in",
         "reanneal_steps",
         "reanneal_growth",
@@ -235,7 +235,7 @@ class _Pending(NamedTuple):
     raw: int = 0  # stream values in the block (rows plus values taken into the context)
     one_step: bool = False  # a defensive start (workers.conflict): the block's likelihood in one increment
     catch_up: int = 0  # extra rounds of moves while the particles lag (workers.sgais._catch_up); 0 after the warm-up
-    noise_draws: bool = False  # the noise variance drawn from its exact conditional (workers.sgais.noise_draws)
+    gibbs_moves: bool = False  # a Gibbs sweep after the SGHMC moves (workers.sgais.gibbs_sweep)
 
 
 def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], heartbeat: Heartbeat) -> list[Any]:
@@ -491,12 +491,11 @@ def _before_block(
     # a mixture (its particles spread over the label modes: the moves do not carry them between modes)
     mixture = m.family.exchangeable_parameters()
     catch_up = s.catch_up_moves if warmup and history.size == n_prev and st.degraded is None and not mixture else 0
-    # the exact conditional of the noise variance reads the whole history's statistics (cached per block): in the
-    # warm-up, with every row held
-    draws = s.noise_draws and m.family.noise_conditional and warmup and history.size == n_prev
+    # the exact conditionals read the whole history's statistics (cached per block): in the warm-up, with every row held
+    gibbs = s.gibbs_moves and m.family.gibbs_conditionals and warmup and history.size == n_prev
     return _Pending(
         i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step, catch_up=catch_up,
-        noise_draws=draws,
+        gibbs_moves=gibbs,
     )  # fmt: skip
 
 
@@ -560,7 +559,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         burn_in=torch.tensor([p.burn_in for p in group], device=device),
         variance_slack=torch.tensor([p.variance_slack for p in group], **f64),
         catch_up=torch.tensor([p.catch_up for p in group], device=device),
-        noise_draws=torch.tensor([p.noise_draws for p in group], device=device),
+        gibbs_moves=torch.tensor([p.gibbs_moves for p in group], device=device),
         max_annealing_steps=s0.max_annealing_steps,
         move_every_step=s0.moves == "every_step",
         annealed_schedule=s0.learning_rate_schedule == "annealed",

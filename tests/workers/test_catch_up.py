@@ -33,17 +33,17 @@ def test_lagging_sees_an_offset_or_a_wide_cloud_and_rarely_draws_from_the_target
 
 
 def _brent_ar2(
-    seed: int, catch_up_moves: int, restart: bool = False, noise_draws: bool = False
+    seed: int, catch_up_moves: int, restart: bool = False, gibbs_moves: bool = False
 ) -> tuple[float, float, str | None]:
     """AR(2) on the standardised Brent series' first 200 values in blocks of 50 with the default learning rate and
     the demo's burn-in (10): (error against the exact log-evidence in nats, reported SE, status reason).  Without
     ``restart`` the second block (as many rows as the history) is annealed like any other, which is where the
-    moves lag (``restart_min_rows``, workers.stacking._restart_begin).  SGHMC's moves alone unless ``noise_draws``
-    (the noise variance's exact conditional draws, tests/workers/test_noise_draws.py, which track it too)."""
+    moves lag (``restart_min_rows``, workers.stacking._restart_begin).  SGHMC's moves alone unless ``gibbs_moves``
+    (a Gibbs sweep on the exact conditionals after them, tests/workers/test_gibbs_moves.py, which tracks it too)."""
     z = np.asarray(load_series("BrentSpotPrice").standardised()[:200, 0], float)
     sampler = {"block_size": 50, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": seed}
     sampler |= {"catch_up_moves": catch_up_moves, "restart_min_rows": 16 if restart else None}
-    sampler |= {"noise_draws": noise_draws}
+    sampler |= {"gibbs_moves": gibbs_moves}
     e = ModelEngine("autoregressive", {"order": 2}, sampler)
     for a in range(0, 200, 50):
         e.update(None, [float(v) for v in z[a : a + 50]])
@@ -61,8 +61,8 @@ def test_a_lagging_population_catches_up_or_is_flagged_instead_of_reporting_a_wr
     # the default: the second block, as large as the history, is absorbed by a fresh run over both (a restart)
     err, se, degraded = _brent_ar2(1, 0, restart=True)
     assert abs(err) <= 3 * se and degraded is None, (err, se, degraded)
-    # the default's draws of the noise variance from its exact conditional: right without extra moves or a restart
-    err, se, degraded = _brent_ar2(1, 0, noise_draws=True)
+    # the default's Gibbs sweeps on the exact conditionals: right without extra moves or a restart
+    err, se, degraded = _brent_ar2(1, 0, gibbs_moves=True)
     assert abs(err) <= 3 * se and degraded is None, (err, se, degraded)
 
 

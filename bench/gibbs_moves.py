@@ -1,10 +1,10 @@
-"""What the noise-variance draws cost (sampler ``noise_draws``, workers.sgais.noise_draws): ``--models`` AR(1)
+"""What the Gibbs sweeps cost (sampler ``gibbs_moves``, workers.sgais.gibbs_sweep): ``--models`` AR(1)
 models with change-point challengers (default settings, different priors and seeds) absorb a stationary AR(1)
 stream's first ``--chunks`` 5-value chunks through :func:`workers.segmented.advance_blocks` (the worker's call),
-with the draws on and off alternately in one process, ``--repeats`` times each.  Prints CPU ms per model-block
+with the sweeps on and off alternately in one process, ``--repeats`` times each.  Prints CPU ms per model-block
 (``time.process_time``, one thread, the worker's collector settings) and the ratio on/off per repeat.
 
-    python bench/noise_draws.py [--models 1] [--chunks 60] [--repeats 3]
+    python bench/gibbs_moves.py [--models 1] [--chunks 60] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def stream(n: int, seed: int = 1) -> torch.Tensor:
     return z
 
 
-def run(models: int, chunks: int, draws: bool) -> float:
+def run(models: int, chunks: int, sweeps: bool) -> float:
     """CPU ms per model-block."""
     z = stream(5 * chunks)
     engines = [
         SegmentedEngine.create(
             "autoregressive",
             {"order": 1, "prior_std": 1.0 + (i % 3) / 3},
-            {"seed": i, "noise_draws": draws},
+            {"seed": i, "gibbs_moves": sweeps},
             ChangepointSettings(),
         )
         for i in range(models)
@@ -70,7 +70,7 @@ def main() -> None:
     for r in range(args.repeats):
         on, off = run(args.models, args.chunks, True), run(args.models, args.chunks, False)
         ratios.append(on / off)
-        print(f"repeat {r}: draws on {on:.3f}, off {off:.3f} CPU ms per model-block, ratio {on / off:.3f}")
+        print(f"repeat {r}: sweeps on {on:.3f}, off {off:.3f} CPU ms per model-block, ratio {on / off:.3f}")
     print(f"{args.models} AR(1) models, {args.chunks} chunks of 5: median ratio on/off {statistics.median(ratios):.3f}")
 
 
