@@ -60,12 +60,15 @@ class SamplerSettings(BaseModel):
         "whose particles lag its tempered target (Stein's identity against the exact score over the whole history: "
         "workers.sgais.lagging); 0 = off",
     )
-    gibbs_moves: bool = Field(
-        True,
+    gibbs_sweeps: int = Field(
+        2,
+        ge=0,
+        le=100,
         description="in the warm-up, an unknown-noise linear-Gaussian model (AR(p), linear regression without "
-        "noise_std) takes a Gibbs sweep on its exact conditionals under the tempered target after each annealing "
-        "step's SGHMC moves: the coefficients given the noise variance (Gaussian), then the noise variance given "
-        "them (InvGamma), from the whole history's statistics (workers.sgais.gibbs_sweep); false = SGHMC moves alone",
+        "noise_std) moves by this many Gibbs sweeps per annealing step on its exact conditionals under the tempered "
+        "target (the coefficients given the noise variance, Gaussian, then the noise variance given them, InvGamma; "
+        "from the whole history's statistics: workers.sgais.gibbs_sweep) instead of its burn_in SGHMC steps; "
+        "0 = SGHMC moves",
     )
     moves: Literal["adaptive", "every_step"] = Field(
         "adaptive",

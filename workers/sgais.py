@@ -134,7 +134,9 @@ class KernelSettings(NamedTuple):
     burn_in: torch.Tensor  # [K] int64, SGHMC steps per annealing step
     variance_slack: torch.Tensor  # [K] float64, η_d ≤ variance_slack · lr · Var_d (:func:`_step_sizes`)
     catch_up: torch.Tensor  # [K] int64, extra rounds of moves while the particles lag (:func:`_catch_up`; 0 = off)
-    gibbs_moves: torch.Tensor  # [K] bool, a Gibbs sweep after the SGHMC moves (:func:`gibbs_sweep`)
+    gibbs_sweeps: (
+        torch.Tensor
+    )  # [K] int64, Gibbs sweeps per annealing step instead of SGHMC moves (:func:`gibbs_sweep`)
     max_annealing_steps: int
     move_every_step: bool  # False: a block taken in one step without resampling is not moved (see absorb_block)
     annealed_schedule: bool  # η = lr / (n_prev + λ B) rather than lr / n
@@ -568,21 +570,35 @@ def _move(
     variance: torch.Tensor,
     correlated: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """An annealing step's moves at ``lam``: ``burn: [K]`` SGHMC steps per model (:func:`_sghmc_moves`), then for the
-    models with ``settings.gibbs_moves`` a Gibbs sweep on the exact conditionals (:func:`gibbs_sweep`)."""
+    """An annealing step's moves at ``lam``: ``burn: [K]`` SGHMC steps per model (:func:`_sghmc_moves`), or, for the
+    models of a ``gibbs_conditionals`` family with ``settings.gibbs_sweeps`` set (and ``burn`` positive), that many
+    Gibbs sweeps on the exact conditionals (:func:`gibbs_sweep`) instead."""
+    sweeps = torch.where(burn > 0, block.settings.gibbs_sweeps, 0)
+    if not block.family.gibbs_conditionals or not bool((sweeps > 0).any()):
+        return _sghmc_moves(
+            block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
+            variance=variance, correlated=correlated,
+        )  # fmt: skip
     theta, velocity = _sghmc_moves(
-        block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
-        variance=variance, correlated=correlated,
+        block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size,
+        burn=torch.where(sweeps > 0, 0, burn), log_w=log_w, variance=variance, correlated=correlated,
     )  # fmt: skip
-    sweep = block.settings.gibbs_moves & (burn > 0)
-    if block.family.gibbs_conditionals and bool(sweep.any()):
-        rows = sweep.nonzero()[:, 0]
-        theta = theta.index_copy(0, rows, gibbs_sweep(block.select(rows), theta[rows], lam[rows]))
-    return theta, velocity
+    rows = (sweeps > 0).nonzero()[:, 0]
+    sub, counts = block.select(rows), sweeps[rows].tolist()
+    T, moved = _tempered_statistics(sub, lam[rows]), theta[rows]
+    for r in range(max(counts)):
+        now = [k for k, c in enumerate(counts) if c > r]
+        if len(now) == len(counts):
+            moved = gibbs_sweep(sub, moved, T)
+        else:
+            idx = torch.tensor(now, device=theta.device)
+            moved = moved.index_copy(0, idx, gibbs_sweep(sub.select(idx), moved[idx], T[idx]))
+    return theta.index_copy(0, rows, moved), velocity
 
 
-def gibbs_sweep(block: StackBlock, theta: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """One Gibbs sweep on the tempered target ``π_λ`` (every held history row and the block at ``lam: [K]``) of a
+def gibbs_sweep(block: StackBlock, theta: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    """One Gibbs sweep on the tempered target ``π_λ`` whose statistics are ``T: [K, P]`` (:func:`_tempered_statistics`:
+    the prior, every held history row and the block at ``λ``) of a
     ``gibbs_conditionals`` family (an unknown-noise AR(p) or linear regression), ``theta: [K, M, D]`` with its last
     coordinate ``u = log σ²``: the coefficients drawn from their Gaussian conditional given ``σ²``
     (:meth:`models.base.Family.stacked_coefficient_conditional`), then ``σ²`` from ``InvGamma(shape, scale(θ))``
@@ -592,12 +608,13 @@ def gibbs_sweep(block: StackBlock, theta: torch.Tensor, lam: torch.Tensor) -> to
     from its own generator.  A particle whose draw is not finite (a precision that is not positive definite, a
     ``scale`` not positive) keeps that block of coordinates.
 
-    Why: SGHMC moves by steps of ``η = lr/n``; where the posterior contracts or the noise variance moves by orders of
-    magnitude within a few blocks (a stream's first values; Bitcoin's 2017 bubble under AR(1)) the particles lag,
-    and the next increments are weighted where the target no longer is (bench/README.md, session 34:
-    ``python bench/demo_exact.py`` and ``tests/workers/test_gibbs_moves.py``)."""
+    Why (:func:`_move` takes ``gibbs_sweeps`` of these instead of the SGHMC steps): SGHMC moves by steps of
+    ``η = lr/n``; where the posterior contracts or the noise variance moves by orders of magnitude within a few blocks
+    (a stream's first values; Bitcoin's 2017 bubble under AR(1)) its particles lag, and the next increments are
+    weighted where the target no longer is; the sweeps draw from the target's own conditionals whatever it did, at
+    less cost than 20 SGHMC steps (bench/README.md, session 34: ``python bench/demo_exact.py``,
+    ``python bench/gibbs_sweeps.py``, ``tests/workers/test_gibbs_sweeps.py``)."""
     fam = block.family
-    T = _tempered_statistics(block, lam)
     th = theta.to(T.dtype)
     K, M, D = th.shape
     normals = torch.stack(

@@ -66,7 +66,7 @@ PER_MODEL_SETTINGS = frozenset(
         "resample_threshold",
         "burn_in",
         "catch_up_moves",
-        "gibbs_moves",
+        "gibbs_sweeps",
         "change_burn_in",
         "reanneal_steps",
         "reanneal_growth",
@@ -235,7 +235,7 @@ class _Pending(NamedTuple):
     raw: int = 0  # stream values in the block (rows plus values taken into the context)
     one_step: bool = False  # a defensive start (workers.conflict): the block's likelihood in one increment
     catch_up: int = 0  # extra rounds of moves while the particles lag (workers.sgais._catch_up); 0 after the warm-up
-    gibbs_moves: bool = False  # a Gibbs sweep after the SGHMC moves (workers.sgais.gibbs_sweep)
+    gibbs_sweeps: int = 0  # Gibbs sweeps per annealing step instead of SGHMC moves (workers.sgais.gibbs_sweep)
 
 
 def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], heartbeat: Heartbeat) -> list[Any]:
@@ -492,10 +492,10 @@ def _before_block(
     mixture = m.family.exchangeable_parameters()
     catch_up = s.catch_up_moves if warmup and history.size == n_prev and st.degraded is None and not mixture else 0
     # the exact conditionals read the whole history's statistics (cached per block): in the warm-up, with every row held
-    gibbs = s.gibbs_moves and m.family.gibbs_conditionals and warmup and history.size == n_prev
+    gibbs = s.gibbs_sweeps if m.family.gibbs_conditionals and warmup and history.size == n_prev else 0
     return _Pending(
         i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step, catch_up=catch_up,
-        gibbs_moves=gibbs,
+        gibbs_sweeps=gibbs,
     )  # fmt: skip
 
 
@@ -559,7 +559,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
         burn_in=torch.tensor([p.burn_in for p in group], device=device),
         variance_slack=torch.tensor([p.variance_slack for p in group], **f64),
         catch_up=torch.tensor([p.catch_up for p in group], device=device),
-        gibbs_moves=torch.tensor([p.gibbs_moves for p in group], device=device),
+        gibbs_sweeps=torch.tensor([p.gibbs_sweeps for p in group], device=device),
         max_annealing_steps=s0.max_annealing_steps,
         move_every_step=s0.moves == "every_step",
         annealed_schedule=s0.learning_rate_schedule == "annealed",

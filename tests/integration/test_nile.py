@@ -28,10 +28,7 @@ def test_the_nile_dam_is_the_only_change_point_whatever_the_chunking(settings) -
     the AR(1) raises no alert (``python bench/nile.py --chunks 1,5,50``, session 21: the drop of the block's tail at
     28-29 is below ``spawn_z``, so no challenger starts at 28, and the later ones do not reach the confirmation
     level); the gmm finds 28 at every chunking.  The AR(1) in chunks of 50 confirms 28 only at the series' last value
-    (its log Bayes factor, 9.1-9.2 nats against the exact 9.25, crosses the confirmation level there) and only where
-    the first block's split placed its challenger at 28 rather than 18: 7 of 10 seeds (since session 34's Gibbs
-    sweeps; 10 of 10 before), the default's seed 0 among them.  So here it may raise nothing, but nothing else; the
-    seeds are counted in process below."""
+    (its log Bayes factor crosses the confirmation level there): the seeds are counted in process below."""
     y = np.loadtxt(NILE, delimiter=",", skiprows=1)[:, 1]
     z = (y - y.mean()) / y.std()
     sizes = (1, 50)
@@ -62,19 +59,17 @@ def test_the_nile_dam_is_the_only_change_point_whatever_the_chunking(settings) -
         (at,) = found[(name, 1)]
         assert abs(at - 28) <= 5, found
         for size in sizes:
-            if (name, size) == ("ar1", 50):  # marginal: test_the_nile_in_chunks_of_50_under_ar1_over_seeds
-                assert len(found[(name, size)]) <= 1 and all(abs(a - at) <= 1 for a in found[(name, size)]), found
-                continue
             assert len(found[(name, size)]) == 1 and abs(found[(name, size)][0] - at) <= 1, found
     assert set(statuses.values()) == {"ok"}, statuses
 
 
 def test_the_nile_in_chunks_of_50_under_ar1_over_seeds() -> None:
-    """The AR(1) with default settings (seeds 0-9) on the standardised Nile in chunks of 50, in process: 7 of 10 raise
-    one ``change_point`` at 28, detected at the last value (99), and none raises another (measured, session 34; 10 of
-    10 at 07ce62d, before the Gibbs sweeps).  A chunk of 50 holds the change: its challenger is placed by the in-block
-    split of the first block's rows, at 28 (log B̂ 9.1-9.2 at the end, the exact 9.25) or at 18 (seeds 3, 4 and 7:
-    log B̂ 0.5-1.2), and the Bayes factor reaches the confirmation level only at the series' end."""
+    """The AR(1) with default settings (seeds 0-9) on the standardised Nile in chunks of 50, in process: each raises
+    one ``change_point`` at 28, detected at the last value (99), and no other (measured, session 34, as at 07ce62d).
+    A chunk of 50 holds the change: its challenger is placed by the in-block split of the first block's rows, and
+    the Bayes factor (exact: 9.25 nats at the end) reaches the confirmation level only at the series' end.  With one
+    Gibbs sweep after the SGHMC steps instead of two in their place (session 34's first version) 7 of 10 did: the
+    others' split placed the challenger at 18."""
     from workers.changepoint import ChangepointSettings
     from workers.segmented import SegmentedEngine
 
@@ -88,5 +83,4 @@ def test_the_nile_in_chunks_of_50_under_ar1_over_seeds() -> None:
             eng.update(None, z[a : a + 50].tolist())
             alerts += [(al["observation_index"], al["detected_at_index"]) for al in eng.take_alerts()]
         found.append(alerts)
-    assert all(alerts in ([], [(28, 99)]) for alerts in found), found
-    assert sum(alerts == [(28, 99)] for alerts in found) >= 7, found
+    assert all(alerts == [(28, 99)] for alerts in found), found

@@ -33,17 +33,17 @@ def test_lagging_sees_an_offset_or_a_wide_cloud_and_rarely_draws_from_the_target
 
 
 def _brent_ar2(
-    seed: int, catch_up_moves: int, restart: bool = False, gibbs_moves: bool = False
+    seed: int, catch_up_moves: int, restart: bool = False, gibbs: bool = False
 ) -> tuple[float, float, str | None]:
     """AR(2) on the standardised Brent series' first 200 values in blocks of 50 with the default learning rate and
     the demo's burn-in (10): (error against the exact log-evidence in nats, reported SE, status reason).  Without
     ``restart`` the second block (as many rows as the history) is annealed like any other, which is where the
-    moves lag (``restart_min_rows``, workers.stacking._restart_begin).  SGHMC's moves alone unless ``gibbs_moves``
-    (a Gibbs sweep on the exact conditionals after them, tests/workers/test_gibbs_moves.py, which tracks it too)."""
+    moves lag (``restart_min_rows``, workers.stacking._restart_begin).  SGHMC's moves alone unless ``gibbs``
+    (the default's Gibbs sweeps on the exact conditionals instead: tests/workers/test_gibbs_sweeps.py)."""
     z = np.asarray(load_series("BrentSpotPrice").standardised()[:200, 0], float)
     sampler = {"block_size": 50, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": seed}
     sampler |= {"catch_up_moves": catch_up_moves, "restart_min_rows": 16 if restart else None}
-    sampler |= {"gibbs_moves": gibbs_moves}
+    sampler |= {"gibbs_sweeps": 2 if gibbs else 0}
     e = ModelEngine("autoregressive", {"order": 2}, sampler)
     for a in range(0, 200, 50):
         e.update(None, [float(v) for v in z[a : a + 50]])
@@ -62,7 +62,7 @@ def test_a_lagging_population_catches_up_or_is_flagged_instead_of_reporting_a_wr
     err, se, degraded = _brent_ar2(1, 0, restart=True)
     assert abs(err) <= 3 * se and degraded is None, (err, se, degraded)
     # the default's Gibbs sweeps on the exact conditionals: right without extra moves or a restart
-    err, se, degraded = _brent_ar2(1, 0, gibbs_moves=True)
+    err, se, degraded = _brent_ar2(1, 0, gibbs=True)
     assert abs(err) <= 3 * se and degraded is None, (err, se, degraded)
 
 

@@ -1,10 +1,10 @@
-"""What the Gibbs sweeps cost (sampler ``gibbs_moves``, workers.sgais.gibbs_sweep): ``--models`` AR(1)
+"""What the Gibbs sweeps cost (sampler ``gibbs_sweeps``, workers.sgais.gibbs_sweep): ``--models`` AR(1)
 models with change-point challengers (default settings, different priors and seeds) absorb a stationary AR(1)
 stream's first ``--chunks`` 5-value chunks through :func:`workers.segmented.advance_blocks` (the worker's call),
 with the sweeps on and off alternately in one process, ``--repeats`` times each.  Prints CPU ms per model-block
 (``time.process_time``, one thread, the worker's collector settings) and the ratio on/off per repeat.
 
-    python bench/gibbs_moves.py [--models 1] [--chunks 60] [--repeats 3]
+    python bench/gibbs_sweeps.py [--models 1] [--chunks 60] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def run(models: int, chunks: int, sweeps: bool) -> float:
         SegmentedEngine.create(
             "autoregressive",
             {"order": 1, "prior_std": 1.0 + (i % 3) / 3},
-            {"seed": i, "gibbs_moves": sweeps},
+            {"seed": i, "gibbs_sweeps": 2 if sweeps else 0},
             ChangepointSettings(),
         )
         for i in range(models)
