@@ -546,8 +546,8 @@ class Family(ABC):
     #: True when, under the target whose statistics are ``T`` (``sufficient_statistics`` families), the LAST
     #: unconstrained coordinate is ``u = log σ²`` of a noise variance, the others given it are Gaussian
     #: (:meth:`stacked_coefficient_conditional`) and it given them is ``σ² ~ InvGamma(shape, scale(θ))``
-    #: (:meth:`stacked_noise_conditional`): the sampler may then take a Gibbs sweep between its SGHMC moves
-    #: (``workers.sgais.gibbs_sweep``).
+    #: (:meth:`stacked_noise_conditional`): in the warm-up the sampler then moves by Gibbs sweeps on them instead of
+    #: SGHMC steps (``workers.sgais.gibbs_sweep``).
     gibbs_conditionals: bool = False
 
     def stacked_noise_conditional(self, theta: torch.Tensor, T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

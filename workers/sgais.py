@@ -134,9 +134,7 @@ class KernelSettings(NamedTuple):
     burn_in: torch.Tensor  # [K] int64, SGHMC steps per annealing step
     variance_slack: torch.Tensor  # [K] float64, η_d ≤ variance_slack · lr · Var_d (:func:`_step_sizes`)
     catch_up: torch.Tensor  # [K] int64, extra rounds of moves while the particles lag (:func:`_catch_up`; 0 = off)
-    gibbs_sweeps: (
-        torch.Tensor
-    )  # [K] int64, Gibbs sweeps per annealing step instead of SGHMC moves (:func:`gibbs_sweep`)
+    gibbs_sweeps: torch.Tensor  # [K] int64, Gibbs sweeps instead of SGHMC moves (:func:`gibbs_sweep`; 0 = off)
     max_annealing_steps: int
     move_every_step: bool  # False: a block taken in one step without resampling is not moved (see absorb_block)
     annealed_schedule: bool  # η = lr / (n_prev + λ B) rather than lr / n
@@ -573,16 +571,16 @@ def _move(
     """An annealing step's moves at ``lam``: ``burn: [K]`` SGHMC steps per model (:func:`_sghmc_moves`), or, for the
     models of a ``gibbs_conditionals`` family with ``settings.gibbs_sweeps`` set (and ``burn`` positive), that many
     Gibbs sweeps on the exact conditionals (:func:`gibbs_sweep`) instead."""
-    sweeps = torch.where(burn > 0, block.settings.gibbs_sweeps, 0)
-    if not block.family.gibbs_conditionals or not bool((sweeps > 0).any()):
-        return _sghmc_moves(
-            block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size, burn=burn, log_w=log_w,
-            variance=variance, correlated=correlated,
-        )  # fmt: skip
+    # the other families have no sweeps (workers.stacking sets them for gibbs_conditionals families only): no host
+    # synchronisation added to their moves
+    sweeps = torch.where(burn > 0, block.settings.gibbs_sweeps, 0) if block.family.gibbs_conditionals else None
     theta, velocity = _sghmc_moves(
         block, theta, velocity, anchor, anchor_grad, lam=lam, step_size=step_size,
-        burn=torch.where(sweeps > 0, 0, burn), log_w=log_w, variance=variance, correlated=correlated,
+        burn=burn if sweeps is None else torch.where(sweeps > 0, 0, burn), log_w=log_w, variance=variance,
+        correlated=correlated,
     )  # fmt: skip
+    if sweeps is None or not bool((sweeps > 0).any()):
+        return theta, velocity
     rows = (sweeps > 0).nonzero()[:, 0]
     sub, counts = block.select(rows), sweeps[rows].tolist()
     T, moved = _tempered_statistics(sub, lam[rows]), theta[rows]
@@ -616,7 +614,7 @@ def gibbs_sweep(block: StackBlock, theta: torch.Tensor, T: torch.Tensor) -> torc
     ``python bench/gibbs_sweeps.py``, ``tests/workers/test_gibbs_sweeps.py``)."""
     fam = block.family
     th = theta.to(T.dtype)
-    K, M, D = th.shape
+    _, M, D = th.shape
     normals = torch.stack(
         [torch.randn(M, D - 1, generator=g, dtype=T.dtype, device=T.device) for g in block.generators]
     )
