@@ -107,15 +107,22 @@ def _watch_events(
     base: str, stream: str, n_models: int, n_chunks: int, ready: threading.Event, done: threading.Event
 ) -> None:
     """Consume ``WS /v1/streams/{stream}/events`` until every model's evidence event reports
-    ``chunks_processed == n_chunks``; then set ``done`` (how a client learns it without polling)."""
+    ``chunks_processed == n_chunks``; then set ``done`` (how a client learns it without polling).  A ``gap`` event
+    (the socket read too slowly and the model's missed events were dropped, docs/api.md) is resynced as a client
+    would: the model's evidence read over HTTP."""
     # websockets directly: this script's name shadows the `service` package
     from websockets.sync.client import connect
 
     processed: dict[str, int] = {}
-    with connect(base.replace("http://", "ws://") + f"/v1/streams/{stream}/events") as ws:
+    with (
+        connect(base.replace("http://", "ws://") + f"/v1/streams/{stream}/events") as ws,
+        httpx.Client(base_url=base, timeout=60) as client,
+    ):
         ready.set()
         while True:
             event = json.loads(ws.recv(timeout=120))
+            if event.get("type") == "gap":
+                event = {"type": "evidence", **client.get(f"/v1/models/{event['model']}/evidence").json()}
             if event.get("type") == "evidence":
                 processed[event["model"]] = max(processed.get(event["model"], 0), event["chunks_processed"])
                 if len(processed) == n_models and all(v >= n_chunks for v in processed.values()):
