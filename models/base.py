@@ -563,6 +563,27 @@ class Family(ABC):
         (``gibbs_conditionals`` families; ``ok`` false where the precision is not positive definite)."""
         raise NotImplementedError(f"{self.name} has no conditional coefficients")
 
+    #: True when the tempered target whose statistics are ``T`` (``sufficient_statistics`` families) is a conjugate
+    #: posterior the sampler can draw from exactly (:meth:`stacked_exact_draw`): in the warm-up it then moves by one
+    #: such draw per annealing step instead of SGHMC steps (``workers.sgais.exact_draw``).
+    exact_draws: bool = False
+
+    def stacked_exact_draw_shapes(self, T: torch.Tensor) -> torch.Tensor:
+        """``[K, G]``: the shapes of the ``G`` standard Gamma variates one exact draw of a particle takes under the
+        target of statistics ``T: [K, P]`` (``exact_draws`` families)."""
+        raise NotImplementedError(f"{self.name} has no exact draws")
+
+    @property
+    def exact_draw_normals(self) -> int:
+        """The number of standard normal variates one exact draw of a particle takes (``exact_draws`` families)."""
+        raise NotImplementedError(f"{self.name} has no exact draws")
+
+    def stacked_exact_draw(self, T: torch.Tensor, gammas: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
+        """``theta: [K, M, D]``, exact draws from the target of statistics ``T: [K, P]`` made of standard Gamma variates
+        ``gammas: [K, M, G]`` (shapes :meth:`stacked_exact_draw_shapes`) and standard normals ``normals: [K, M, N]``
+        (``exact_draws`` families)."""
+        raise NotImplementedError(f"{self.name} has no exact draws")
+
     def stacked_fisher(
         self, theta: torch.Tensor, weights: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor, hp: dict
     ) -> torch.Tensor:

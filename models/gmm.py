@@ -342,6 +342,37 @@ class GaussianMixture(Family):
         mu = s1 / n
         return torch.cat([mu, torch.log((s2 - s1 * mu) / (2.0 * h))], dim=-1)
 
+    @property
+    def exact_draws(self) -> bool:  # type: ignore[override]
+        """One component: the tempered target is a normal–inverse-gamma posterior per coordinate
+        (:meth:`stacked_exact_draw`)."""
+        return self.params.components == 1
+
+    def stacked_exact_draw_shapes(self, T):
+        """One component: ``H − 1/2`` for each coordinate's ``σ²_j`` (:meth:`stacked_exact_draw`) -> ``[K, d]``."""
+        d = self.params.dim
+        return (T[:, 1 + 2 * d :] - 0.5).expand(-1, d)
+
+    @property
+    def exact_draw_normals(self) -> int:
+        return self.params.dim
+
+    def stacked_exact_draw(self, T, gammas, normals):
+        """One component, ``T = (N, S1, S2, H): [K, 2d + 2]`` (prior pseudo-statistics included), ``gammas``,
+        ``normals: [K, M, d]`` -> ``theta = (μ, u = log σ²): [K, M, 2d]`` drawn exactly from the target.
+
+        Per coordinate the log target is ``−½e^{−u}(S2 − 2μS1 + μ²N) − H·u`` (:meth:`stacked_grad_from_statistics`'s
+        integral, the log-|J| included).  Integrating ``μ`` out leaves ``−(H − ½)u − ½e^{−u}(S2 − S1²/N)``, the density
+        in ``u`` of ``σ² ~ InvGamma(H − ½, (S2 − S1²/N)/2)``, and given ``σ²`` the mean is ``N(S1/N, σ²/N)``: the
+        normal–inverse-gamma posterior (Murphy 2007, *Conjugate Bayesian analysis of the Gaussian distribution*, §6,
+        with ``κ_n = N``, ``μ_n = S1/N``, ``α_n = H − ½``, ``β_n = (S2 − S1²/N)/2``; :mod:`models.conjugate`).
+        ``σ² = β_n/γ`` with ``γ ~ Gamma(α_n, 1)``."""
+        d = self.params.dim
+        n, s1, s2 = T[:, None, :1], T[:, None, 1 : 1 + d], T[:, None, 1 + d : 1 + 2 * d]
+        mean = s1 / n
+        u = torch.log(0.5 * (s2 - s1 * mean)) - torch.log(gammas)
+        return torch.cat([mean + torch.exp(0.5 * u) * torch.rsqrt(n) * normals, u], dim=-1)
+
     def sample_prior_constrained(self, generator, M, dtype, device):
         p = self.params
         K, d = p.components, p.dim

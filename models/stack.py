@@ -133,6 +133,24 @@ class StackedFamily:
         target of statistics ``T: [K, P]`` (:meth:`Family.stacked_coefficient_conditional`)."""
         return self.family.stacked_coefficient_conditional(theta, T)
 
+    @property
+    def exact_draws(self) -> bool:
+        return self.family.exact_draws
+
+    @property
+    def exact_draw_normals(self) -> int:
+        return self.family.exact_draw_normals
+
+    def exact_draw_shapes(self, T: torch.Tensor) -> torch.Tensor:
+        """``[K, G]``, the Gamma shapes of one exact draw under the target of statistics ``T: [K, P]``
+        (:meth:`Family.stacked_exact_draw_shapes`)."""
+        return self.family.stacked_exact_draw_shapes(T)
+
+    def exact_draw(self, T: torch.Tensor, gammas: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
+        """``theta: [K, M, D]`` drawn exactly from the target of statistics ``T: [K, P]``
+        (:meth:`Family.stacked_exact_draw`)."""
+        return self.family.stacked_exact_draw(T, gammas, normals)
+
     def mode_from_statistics(self, T: torch.Tensor) -> torch.Tensor | None:
         """``θ̂: [K, D]`` with ``g(θ̂, T) = 0`` in closed form, or None (:meth:`Family.stacked_mode_from_statistics`)."""
         return self.family.stacked_mode_from_statistics(T)

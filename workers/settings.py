@@ -67,8 +67,9 @@ class SamplerSettings(BaseModel):
         description="in the warm-up, an unknown-noise linear-Gaussian model (AR(p), linear regression without "
         "noise_std) moves by this many Gibbs sweeps per annealing step on its exact conditionals under the tempered "
         "target (the coefficients given the noise variance, Gaussian, then the noise variance given them, InvGamma; "
-        "from the whole history's statistics: workers.sgais.gibbs_sweep) instead of its burn_in SGHMC steps; "
-        "0 = SGHMC moves",
+        "from the whole history's statistics: workers.sgais.gibbs_sweep) instead of its burn_in SGHMC steps; a "
+        "one-component gmm, whose tempered target is normal-inverse-gamma, by one exact draw from it instead "
+        "(workers.sgais.exact_draw; any positive value); 0 = SGHMC moves",
     )
     moves: Literal["adaptive", "every_step"] = Field(
         "adaptive",

@@ -492,7 +492,8 @@ def _before_block(
     mixture = m.family.exchangeable_parameters()
     catch_up = s.catch_up_moves if warmup and history.size == n_prev and st.degraded is None and not mixture else 0
     # the exact conditionals read the whole history's statistics (cached per block): in the warm-up, with every row held
-    gibbs = s.gibbs_sweeps if m.family.gibbs_conditionals and warmup and history.size == n_prev else 0
+    moves = m.family.gibbs_conditionals or m.family.exact_draws
+    gibbs = s.gibbs_sweeps if moves and warmup and history.size == n_prev else 0
     return _Pending(
         i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step, catch_up=catch_up,
         gibbs_sweeps=gibbs,

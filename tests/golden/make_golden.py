@@ -49,6 +49,7 @@ ENGINE_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
     ("logistic_regression", "logistic_regression", {"features": 2, "classes": 3}, {}),
     ("gmm-1d", "gmm", {"dim": 1, "components": 2}, {}),
     ("gmm-2d", "gmm", {"dim": 2, "components": 2}, {"warmup_particles": 20, "warmup_observations": 50}),
+    ("gmm-1component", "gmm", {"dim": 2, "components": 1}, {}),  # the warm-up's exact draws (workers.sgais.exact_draw)
     ("autoregressive", "autoregressive", {"order": 2}, {}),
     ("bnn", "bnn", {"features": 2, "hidden": [3], "outputs": 1}, {}),
 ]
