@@ -578,10 +578,10 @@ class Family(ABC):
         """The number of standard normal variates one exact draw of a particle takes (``exact_draws`` families)."""
         raise NotImplementedError(f"{self.name} has no exact draws")
 
-    def stacked_exact_draw(self, T: torch.Tensor, gammas: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
-        """``theta: [K, M, D]``, exact draws from the target of statistics ``T: [K, P]`` made of standard Gamma variates
-        ``gammas: [K, M, G]`` (shapes :meth:`stacked_exact_draw_shapes`) and standard normals ``normals: [K, M, N]``
-        (``exact_draws`` families)."""
+    def stacked_exact_draw(self, T: torch.Tensor, log_gammas: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
+        """``theta: [K, M, D]``, exact draws from the target of statistics ``T: [K, P]`` made of the logs of standard
+        Gamma variates ``log_gammas: [K, M, G]`` (shapes :meth:`stacked_exact_draw_shapes`) and standard normals
+        ``normals: [K, M, N]`` (``exact_draws`` families)."""
         raise NotImplementedError(f"{self.name} has no exact draws")
 
     def stacked_fisher(

@@ -357,8 +357,8 @@ class GaussianMixture(Family):
     def exact_draw_normals(self) -> int:
         return self.params.dim
 
-    def stacked_exact_draw(self, T, gammas, normals):
-        """One component, ``T = (N, S1, S2, H): [K, 2d + 2]`` (prior pseudo-statistics included), ``gammas``,
+    def stacked_exact_draw(self, T, log_gammas, normals):
+        """One component, ``T = (N, S1, S2, H): [K, 2d + 2]`` (prior pseudo-statistics included), ``log_gammas``,
         ``normals: [K, M, d]`` -> ``theta = (μ, u = log σ²): [K, M, 2d]`` drawn exactly from the target.
 
         Per coordinate the log target is ``−½e^{−u}(S2 − 2μS1 + μ²N) − H·u`` (:meth:`stacked_grad_from_statistics`'s
@@ -366,11 +366,11 @@ class GaussianMixture(Family):
         in ``u`` of ``σ² ~ InvGamma(H − ½, (S2 − S1²/N)/2)``, and given ``σ²`` the mean is ``N(S1/N, σ²/N)``: the
         normal–inverse-gamma posterior (Murphy 2007, *Conjugate Bayesian analysis of the Gaussian distribution*, §6,
         with ``κ_n = N``, ``μ_n = S1/N``, ``α_n = H − ½``, ``β_n = (S2 − S1²/N)/2``; :mod:`models.conjugate`).
-        ``σ² = β_n/γ`` with ``γ ~ Gamma(α_n, 1)``."""
+        ``σ² = β_n/γ`` with ``γ ~ Gamma(α_n, 1)``: ``u = log β_n − log γ``."""
         d = self.params.dim
         n, s1, s2 = T[:, None, :1], T[:, None, 1 : 1 + d], T[:, None, 1 + d : 1 + 2 * d]
         mean = s1 / n
-        u = torch.log(0.5 * (s2 - s1 * mean)) - torch.log(gammas)
+        u = torch.log(0.5 * (s2 - s1 * mean)) - log_gammas
         return torch.cat([mean + torch.exp(0.5 * u) * torch.rsqrt(n) * normals, u], dim=-1)
 
     def sample_prior_constrained(self, generator, M, dtype, device):

@@ -146,10 +146,10 @@ class StackedFamily:
         (:meth:`Family.stacked_exact_draw_shapes`)."""
         return self.family.stacked_exact_draw_shapes(T)
 
-    def exact_draw(self, T: torch.Tensor, gammas: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
+    def exact_draw(self, T: torch.Tensor, log_gammas: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
         """``theta: [K, M, D]`` drawn exactly from the target of statistics ``T: [K, P]``
         (:meth:`Family.stacked_exact_draw`)."""
-        return self.family.stacked_exact_draw(T, gammas, normals)
+        return self.family.stacked_exact_draw(T, log_gammas, normals)
 
     def mode_from_statistics(self, T: torch.Tensor) -> torch.Tensor | None:
         """``θ̂: [K, D]`` with ``g(θ̂, T) = 0`` in closed form, or None (:meth:`Family.stacked_mode_from_statistics`)."""

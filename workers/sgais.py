@@ -320,8 +320,8 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
         tripped[active] |= trip
         for k in active[info.failed & ~bad].tolist():
             errors[k] = (
-                "log-weights became NaN or all -inf or beyond 1e15 nats, or SGHMC diverged (particles at NaN/inf or "
-                "beyond 1e12)"
+                "log-weights became NaN or all -inf or beyond 1e15 nats, SGHMC diverged (particles at NaN/inf or "
+                "beyond 1e12), or an exact draw was not finite"
             )
         failed[active] |= info.failed | bad
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]
@@ -368,7 +368,7 @@ def tempered_step(
         log_w = log_w.index_copy(0, rows, mean.contiguous())
     burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
     if block.family.exact_draws:
-        theta, log_w, evidence_var, burn = _exact_moves(block, theta, log_w, evidence_var, lam, burn, failed)
+        theta, log_w, evidence_var, burn, failed = _exact_moves(block, theta, log_w, evidence_var, lam, burn, failed)
     moves = sorted(set(burn.tolist()) - {0})  # the burn-ins of the models that move
     if len(moves) == 1 and bool((burn == moves[0]).all()):  # every model, the same number of steps
         theta, velocity = _move(
@@ -564,11 +564,13 @@ def _exact_moves(
     lam: torch.Tensor,
     burn: torch.Tensor,
     failed: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The moves of the models of an ``exact_draws`` family with ``settings.gibbs_sweeps`` set that would make SGHMC
     moves (``burn: [K]`` positive, ``failed: [K]`` false; :mod:`workers.stacking` sets the sweeps in the warm-up only):
     every particle drawn
-    exactly from ``π_λ`` (:func:`exact_draw`) -> ``(theta, log_w, evidence_var, burn)`` with those models' burn-ins 0.
+    exactly from ``π_λ`` (:func:`exact_draw`) -> ``(theta, log_w, evidence_var, burn, failed)`` with those models'
+    burn-ins 0, and ``failed`` set for a model whose draw was not finite (numerical trouble, reported as the block's
+    NumericalError: its statistics cancel to a scale that is not positive).
 
     Each such model's weighting epoch closes as a resampling would close it (its ``log_w`` set to the log of its mean
     weight, the epoch's variance added to ``evidence_var``): resampling then moving by ``K(θ, ·) = π_λ``, a kernel that
@@ -582,16 +584,17 @@ def _exact_moves(
     gradient steps (``tests/workers/test_exact_draws.py``)."""
     draw = (burn > 0) & (block.settings.gibbs_sweeps > 0) & ~failed
     if not bool(draw.any()):
-        return theta, log_w, evidence_var, burn
+        return theta, log_w, evidence_var, burn, failed
     rows = draw.nonzero()[:, 0]
     sub = block.select(rows)
     drawn, ok = exact_draw(sub, theta[rows], _tempered_statistics(sub, lam[rows]))
     theta = theta.index_copy(0, rows, drawn)
+    failed = failed.index_fill(0, rows[~ok], True)
     rows = rows[ok]
     evidence_var = evidence_var.index_add(0, rows, epoch_variance(log_w[rows]))
     mean = (torch.logsumexp(log_w[rows], -1) - math.log(log_w.shape[1]))[:, None].expand(-1, log_w.shape[1])
     log_w = log_w.index_copy(0, rows, mean.contiguous())
-    return theta, log_w, evidence_var, burn.index_fill(0, rows, 0)
+    return theta, log_w, evidence_var, burn.index_fill(0, rows, 0), failed
 
 
 def _move(
@@ -675,19 +678,24 @@ def exact_draw(block: StackBlock, theta: torch.Tensor, T: torch.Tensor) -> tuple
     """Exact draws from the tempered target ``π_λ`` whose statistics are ``T: [K, P]`` (:func:`_tempered_statistics`)
     of an ``exact_draws`` family (a one-component gmm: normal–inverse-gamma,
     :meth:`models.gmm.GaussianMixture.stacked_exact_draw`) in place of the particles ``theta: [K, M, D]`` ->
-    ``(theta, ok: [K] bool)``.  Each model draws ``M·G`` standard Gamma variates, then ``M·N`` normals, from its own
-    generator (the same bits alone and in any stack).  ``ok`` is false for a model with a draw that is not finite
-    (a Gamma variate that underflows to 0, a scale not positive through cancellation): its particles are kept, and the
-    caller moves it otherwise."""
+    ``(theta, ok: [K] bool)``.  Each model draws ``M·G`` standard Gamma variates, then ``M·(N + G)`` normals, from its
+    own generator (the same bits alone and in any stack).  The Gamma variates of shape ``α`` are formed in log space
+    as ``log γ' + log Φ(z)/α`` with ``γ' ~ Gamma(α + 1)`` and ``z`` one of the normals (``γ'·U^{1/α} ~ Gamma(α)`` for
+    ``U`` uniform: Marsaglia & Tsang 2000, *ACM TOMS* 26(3), §6): a small shape (an InvGamma prior of shape 10⁻³ early
+    in the annealing) would otherwise underflow to 0 about half the time.  ``ok`` is false for a model with a draw
+    that is not finite (a scale not positive through cancellation): its particles are kept."""
     fam = block.family
     M = theta.shape[1]
     shapes = fam.exact_draw_shapes(T)  # [K, G]
-    gammas = torch.stack(
-        [torch._standard_gamma(shapes[k].expand(M, -1), generator=g) for k, g in enumerate(block.generators)]
+    G, N = shapes.shape[1], fam.exact_draw_normals
+    boosted = torch.stack(
+        [torch._standard_gamma(shapes[k].expand(M, -1) + 1.0, generator=g) for k, g in enumerate(block.generators)]
     )
-    N = fam.exact_draw_normals
-    normals = torch.stack([torch.randn(M, N, generator=g, dtype=T.dtype, device=T.device) for g in block.generators])
-    drawn = fam.exact_draw(T, gammas, normals)
+    normals = torch.stack(
+        [torch.randn(M, N + G, generator=g, dtype=T.dtype, device=T.device) for g in block.generators]
+    )
+    log_gammas = torch.log(boosted) + torch.special.log_ndtr(normals[..., N:]) / shapes[:, None]
+    drawn = fam.exact_draw(T, log_gammas, normals[..., :N])
     ok = torch.isfinite(drawn).all(-1).all(-1)
     return torch.where(ok[:, None, None], drawn.to(theta.dtype), theta), ok
 

@@ -759,6 +759,8 @@ def _needs_score_check(m: Model, st: SGAISState, n_prev: int) -> bool:
     n, s = st.history.seen, m.settings
     if st.degraded is not None or st.history.size != n:
         return False
+    if m.family.exact_draws and s.gibbs_sweeps and n_prev < s.warmup_observations:
+        return False  # the warm-up moved it by exact draws from each tempered target: nothing to lag
     first = max(s.warmup_observations, s.block_size, 1)
     if n <= first:
         return True

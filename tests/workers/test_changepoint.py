@@ -229,22 +229,23 @@ def test_a_closed_segments_last_values_are_scored_by_sgais_where_importance_weig
     (SegmentedEngine._prefix_copy): the closed segment is then certified, within three of its standard errors of
     the exact normal–inverse-gamma evidence.  Where no copy can be scored, the importance estimate stands and the
     model says it is not certified.  A 4-sd shift at 290 (blocks of 100, 10 particles): the 90 values before it
-    reweight the population to an ESS below PREFIX_ESS of the particles (0.48 when written); at 230 (blocks of 50: 30
-    values) the value is certified too."""
+    reweight the population to an ESS of 0.39 of the particles; at 230 (blocks of 50: 30 values) the value is certified
+    too.  SGHMC moves (``gibbs_sweeps`` 0): the populations these draws make are the case (with the warm-up's exact
+    draws the ESS at 290 depends on the draws, 0.48 in one version and above PREFIX_ESS in another)."""
     from models.conjugate import gmm_one_component_log_evidence
     from workers.segmented import PREFIX_ESS
 
     late = shifted(500, 290, 4.0, seed=3)
-    eng, alerts, _ = run(late, {**CHEAP, "block_size": 100, "seed": 5}, 100)
+    eng, alerts, _ = run(late, {**CHEAP, "block_size": 100, "seed": 5, "gibbs_sweeps": 0}, 100)
     assert [a["observation_index"] for a in alerts] == [290]
     assert eng.closed_degraded is None
     exact = gmm_one_component_log_evidence(np.asarray(late[:290]))
     assert abs(eng.offset - exact) <= 3 * math.sqrt(eng.offset_var)
     early = shifted(400, 230, 4.0, seed=4)
-    eng, alerts, _ = run(early, {**CHEAP, "block_size": 50, "seed": 5}, 50)
+    eng, alerts, _ = run(early, {**CHEAP, "block_size": 50, "seed": 5, "gibbs_sweeps": 0}, 50)
     assert [a["observation_index"] for a in alerts] == [230] and eng.closed_degraded is None
     monkeypatch.setattr(SegmentedEngine, "_prefix_copy", lambda self, step, k, j=0: None)  # no copy can be made
-    eng, alerts, _ = run(late, {**CHEAP, "block_size": 100, "seed": 5}, 100)
+    eng, alerts, _ = run(late, {**CHEAP, "block_size": 100, "seed": 5, "gibbs_sweeps": 0}, 100)
     assert [a["observation_index"] for a in alerts] == [290]
     assert eng.closed_degraded is not None
     ess_fraction = re.search(r"importance weights of ESS ([0-9.]+) of the particles", eng.closed_degraded)

@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from fastapi.testclient import TestClient
 from torch.overrides import TorchFunctionMode
@@ -214,6 +215,7 @@ def test_every_family_keeps_its_tensors_on_the_models_device() -> None:
     assert not check.found, "\n".join(f"{n}x {op} at {where}" for (op, where), n in check.found.items())
 
 
+@pytest.mark.timeout(1800)  # the mode intercepts every torch call: 550 s on a slow 2-core machine beside a benchmark
 def test_a_worker_keeps_its_tensors_on_the_models_device(settings) -> None:
     """The worker's path from Redis to the engine and back (chunks decoded, absorbed in stacks and committed; then a
     second worker restores every model from its checkpoint and absorbs the rest): no implicitly-CPU tensor meets the
