@@ -567,10 +567,9 @@ def _exact_moves(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The moves of the models of an ``exact_draws`` family with ``settings.gibbs_sweeps`` set that would make SGHMC
     moves (``burn: [K]`` positive, ``failed: [K]`` false; :mod:`workers.stacking` sets the sweeps in the warm-up only):
-    every particle drawn
-    exactly from ``π_λ`` (:func:`exact_draw`) -> ``(theta, log_w, evidence_var, burn, failed)`` with those models'
-    burn-ins 0, and ``failed`` set for a model whose draw was not finite (numerical trouble, reported as the block's
-    NumericalError: its statistics cancel to a scale that is not positive).
+    every particle drawn exactly from ``π_λ`` (:func:`exact_draw`) -> ``(theta, log_w, evidence_var, burn, failed)``
+    with those models' burn-ins 0, and ``failed`` set for a model whose draw was not finite (numerical trouble,
+    reported as the block's NumericalError).
 
     Each such model's weighting epoch closes as a resampling would close it (its ``log_w`` set to the log of its mean
     weight, the epoch's variance added to ``evidence_var``): resampling then moving by ``K(θ, ·) = π_λ``, a kernel that
@@ -681,9 +680,11 @@ def exact_draw(block: StackBlock, theta: torch.Tensor, T: torch.Tensor) -> tuple
     ``(theta, ok: [K] bool)``.  Each model draws ``M·G`` standard Gamma variates, then ``M·(N + G)`` normals, from its
     own generator (the same bits alone and in any stack).  The Gamma variates of shape ``α`` are formed in log space
     as ``log γ' + log Φ(z)/α`` with ``γ' ~ Gamma(α + 1)`` and ``z`` one of the normals (``γ'·U^{1/α} ~ Gamma(α)`` for
-    ``U`` uniform: Marsaglia & Tsang 2000, *ACM TOMS* 26(3), §6): a small shape (an InvGamma prior of shape 10⁻³ early
-    in the annealing) would otherwise underflow to 0 about half the time.  ``ok`` is false for a model with a draw
-    that is not finite (a scale not positive through cancellation): its particles are kept."""
+    ``U`` uniform: Marsaglia & Tsang 2000, *ACM TOMS* 26(3), §6): drawn directly, a variate of shape 0.01 (a vague
+    InvGamma prior early in a first block's annealing) falls below float64's smallest normal number once in about
+    1,200 draws (``tests/workers/test_exact_draws.py``).  ``ok`` is false for a model with a draw that is not finite
+    (a scale not positive through cancellation, a shape so small that ``σ²`` is beyond float64's range): its
+    particles are kept."""
     fam = block.family
     M = theta.shape[1]
     shapes = fam.exact_draw_shapes(T)  # [K, G]
