@@ -574,7 +574,7 @@ def _exact_moves(
     Each such model's weighting epoch closes as a resampling would close it (its ``log_w`` set to the log of its mean
     weight, the epoch's variance added to ``evidence_var``): resampling then moving by ``K(θ, ·) = π_λ``, a kernel that
     forgets where it starts, is this draw whatever ancestors the resampling picked, so the estimate is that of an SMC
-    sampler resampling at each moved step, unbiased (Del Moral, Doucet & Jasra 2006, *JRSS B* 68(3), §3.5).  Keeping
+    sampler resampling at each moved step, unbiased (Del Moral, Doucet & Jasra 2006, *JRSS B* 68(3)).  Keeping
     the old weights instead would attach them to particles that no longer carry them: valid (AIS, Neal 2001), but with
     the ESS of the old weights for iid draws (measured: 150 seeds of ``bench/many_models.py``'s gmm on 100 values,
     error sd 0.276 nats and mean +0.06 against 0.244 and +0.01 for SGHMC; bench/README.md, session 35).
