@@ -364,7 +364,7 @@ class GaussianMixture(Family):
         Per coordinate the log target is ``−½e^{−u}(S2 − 2μS1 + μ²N) − H·u`` (:meth:`stacked_grad_from_statistics`'s
         integral, the log-|J| included).  Integrating ``μ`` out leaves ``−(H − ½)u − ½e^{−u}(S2 − S1²/N)``, the density
         in ``u`` of ``σ² ~ InvGamma(H − ½, (S2 − S1²/N)/2)``, and given ``σ²`` the mean is ``N(S1/N, σ²/N)``: the
-        normal–inverse-gamma posterior (Murphy 2007, *Conjugate Bayesian analysis of the Gaussian distribution*, §6,
+        normal–inverse-gamma posterior (Murphy 2007, *Conjugate Bayesian analysis of the Gaussian distribution*,
         with ``κ_n = N``, ``μ_n = S1/N``, ``α_n = H − ½``, ``β_n = (S2 − S1²/N)/2``; :mod:`models.conjugate`).
         ``σ² = β_n/γ`` with ``γ ~ Gamma(α_n, 1)``: ``u = log β_n − log γ``."""
         d = self.params.dim
