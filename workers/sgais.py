@@ -351,7 +351,19 @@ def tempered_step(
     log_w = state.log_w + torch.nan_to_num(delta[:, None] * log_lik, neginf=-math.inf)
     total = torch.logsumexp(log_w, -1)
     failed = torch.isnan(log_w).any(-1) | ~torch.isfinite(total) | (total.abs() > LOG_WEIGHT_LIMIT)
-    posterior_var, step_size, correlated = _step_sizes(block, state.theta, log_w, state.posterior_var, lam)
+    # a stack whose every model moves by exact draws (or stays put) needs no SGHMC step sizes: their cap's variance
+    # alone is carried (its floor, and the step sizes once the warm-up ends), the eigenvalues of issue 10's factor are
+    # not formed (10% of a lone one-component gmm's engine time in its warm-up: py-spy, bench/README.md, session 36)
+    drawn = block.family.exact_draws and bool((s.gibbs_sweeps > 0).all())
+    if drawn:
+        posterior_var = (
+            weighted_variance(state.theta, log_w, floor=state.posterior_var / 4)
+            if s.preconditioning
+            else state.posterior_var
+        )
+        step_size, correlated = torch.zeros((), dtype=state.theta.dtype, device=state.theta.device), None
+    else:
+        posterior_var, step_size, correlated = _step_sizes(block, state.theta, log_w, state.posterior_var, lam)
     ess_now = ess(log_w)
     resample = (s.resample_threshold > 0) & (ess_now < s.resample_threshold * M) & ~failed
     theta, velocity, anchor, anchor_grad = state.theta, state.velocity, state.anchor, state.anchor_grad
@@ -369,6 +381,8 @@ def tempered_step(
     burn = s.burn_in if still is None else torch.where(still & ~resample, 0, s.burn_in)
     if block.family.exact_draws:
         theta, log_w, evidence_var, burn, failed = _exact_moves(block, theta, log_w, evidence_var, lam, burn, failed)
+        if drawn:  # a model whose weights or draw failed is void: no SGHMC moves (it has no step sizes)
+            burn = torch.where(failed, 0, burn)
     moves = sorted(set(burn.tolist()) - {0})  # the burn-ins of the models that move
     if len(moves) == 1 and bool((burn == moves[0]).all()):  # every model, the same number of steps
         theta, velocity = _move(

@@ -71,6 +71,7 @@ PER_MODEL_SETTINGS = frozenset(
         "reanneal_steps",
         "reanneal_growth",
         "reanneal_horizon",
+        "restart_min_rows",
         "warmup_observations",
         "anchor_growth",
         "history_capacity",
