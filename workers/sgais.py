@@ -266,9 +266,12 @@ def epoch_variance(log_w: torch.Tensor) -> torch.Tensor:
     others = torch.logsumexp(lw.scatter(-1, arg, -torch.inf), -1, keepdim=True) - top
     loo = loo.scatter(-1, arg, others)
     jack = (M - 1) / M * ((loo - loo.mean(-1, keepdim=True)) ** 2).sum(-1)
-    # a single particle with weight: the delta method's bounded value (selected without a host sync)
+    single = torch.isinf(others[..., 0])
+    if not bool(single.any()):  # one host sync instead of the delta method's six operations on every call
+        return jack
+    # a single particle with weight: the delta method's bounded value
     delta = (torch.exp(torch.logsumexp(2 * lw, -1) - 2 * torch.logsumexp(lw, -1)) - 1.0 / M) * (M / (M - 1))
-    return torch.where(torch.isinf(others[..., 0]), delta, jack)
+    return torch.where(single, delta, jack)
 
 
 def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.Tensor) -> torch.Tensor:
@@ -703,12 +706,14 @@ def exact_draw(block: StackBlock, theta: torch.Tensor, T: torch.Tensor) -> tuple
     M = theta.shape[1]
     shapes = fam.exact_draw_shapes(T)  # [K, G]
     G, N = shapes.shape[1], fam.exact_draw_normals
+    # one call per model and generator (the draws cannot be batched across generators): nothing else in the loops
+    alphas = (shapes + 1.0)[:, None, :].expand(-1, M, -1).unbind(0)
     boosted = torch.stack(
-        [torch._standard_gamma(shapes[k].expand(M, -1) + 1.0, generator=g) for k, g in enumerate(block.generators)]
+        [torch._standard_gamma(a, generator=g) for a, g in zip(alphas, block.generators, strict=True)]
     )
-    normals = torch.stack(
-        [torch.randn(M, N + G, generator=g, dtype=T.dtype, device=T.device) for g in block.generators]
-    )
+    normals = torch.empty(len(block.generators), M, N + G, dtype=T.dtype, device=T.device)
+    for out, g in zip(normals.unbind(0), block.generators, strict=True):
+        torch.randn(M, N + G, generator=g, dtype=T.dtype, device=T.device, out=out)
     log_gammas = torch.log(boosted) + torch.special.log_ndtr(normals[..., N:]) / shapes[:, None]
     drawn = fam.exact_draw(T, log_gammas, normals[..., :N])
     ok = torch.isfinite(drawn).all(-1).all(-1)
