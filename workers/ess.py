@@ -10,7 +10,7 @@ with ``W_i`` the normalised weights before the increment.  With uniform
 weights it is exactly the thesis's ``ESS(Δ)`` of the incremental weights
 (eq. 4.15); with non-uniform weights (no resampling since the last block) it
 measures the degeneracy the increment itself adds, which is what the
-bisection has to control.
+search has to control.
 
 Everything works on a leading model axis: ``log_w: [K, M]`` gives ``[K]`` answers, one per model,
 each computed with exactly the arithmetic it would get alone (row-wise reductions only).
@@ -55,19 +55,22 @@ def solve_increment(
     """Annealing increments ``Δ_k ∈ (0, remaining_k]`` with ``target_k ≤ CESS_k(Δ_k) ≤ target_k + ess_tolerance·M``.
 
     Returns ``remaining`` when ``CESS(remaining) ≥ target`` already (Algorithm 8,
-    line 6, with the step clipped at λ = 1).  Otherwise a bracket ``[lo, hi]`` with
-    ``CESS(lo) ≥ target > CESS(hi)`` is found from a first guess, the increment of the
+    line 6, with the step clipped at λ = 1).  Otherwise the search starts from the increment of the
     second-order expansion ``CESS(Δ) ≈ M / (1 + Δ² Var_W(ℓ))`` (``Var_W`` the weighted variance of
-    the log-likelihoods; exact to second order in Δ since ``CESS = M·E_W[ω]²/E_W[ω²]``), doubled or
-    halved until it brackets the root (usually one or two evaluations; halving reaches 1e-12 and below in a
-    few dozen), and bisection narrows it until ``CESS(mid)`` lies within ``ess_tolerance · M`` above the
-    target (or the bracket's relative width is ``tolerance``).  CESS is non-increasing in ``Δ``, and the
-    returned ``Δ`` always meets the target.  The target itself is a heuristic (the thesis's 0.5 M, our 0.9 M),
-    so a tenth of a percent of ``M`` above it changes nothing of substance, and with the first guess it halves
-    the work of a 1e-6 M tolerance bisected from ``remaining`` (counted per call, calls that take the whole
-    remainder included: 9.1 CESS evaluations instead of 19.6 in the demo's worker, 6.8 instead of 14.0 on a
-    one-model gmm stream of 5-value chunks; bench/README.md, session 8).
-    All models bisect together; a model whose bracket is done is frozen, so its answer
+    the log-likelihoods; exact to second order in Δ since ``CESS = M·E_W[ω]²/E_W[ω²]``) and takes secant
+    steps on that expansion's linear form, ``log(M/CESS − 1)`` against ``log Δ`` (slope 2 for the expansion
+    itself, the line through the last two evaluations after the first), inside the bracket ``[lo, hi]`` with
+    ``CESS(lo) ≥ target > CESS(hi)`` (from ``[0, remaining]``); a step outside the bracket, and every third step,
+    is the bracket's midpoint, so the bracket at least halves every three evaluations whatever the
+    log-likelihoods (an increment of 1e-12 is reached from the expansion's guess, not by halving).  It stops
+    when ``CESS`` lies within ``ess_tolerance · M`` above the target (or the bracket's relative width is
+    ``tolerance``).  CESS is non-increasing in ``Δ``, and the returned ``Δ`` always meets the target.  The
+    target itself is a heuristic (the thesis's 0.5 M, our 0.9 M), so a tenth of a percent of ``M`` above it
+    changes nothing of substance.  Work per call, counted over ``bench/many_models.py``'s gmm stream (100 values in
+    5-value chunks, change-point challengers on; the first evaluation at ``remaining`` and calls that take the
+    whole remainder included): 3.0 CESS evaluations for one model and 4.3 for a stack of eight, against 4.9 and
+    7.2 with the bisection of sessions 8-35 (bench/README.md, session 36).
+    All models search together; a model whose answer is found is frozen, so its answer
     is the one it gets alone.
 
     Parameters
@@ -114,41 +117,34 @@ def solve_increment(
     centred = log_lik - (W * log_lik).sum(-1, keepdim=True)
     var = (W * centred * centred).sum(-1)
     guess = torch.sqrt((M / target - 1.0).clamp_min(0.0) / var)
-    guess = torch.where(torch.isfinite(guess) & (guess > 0), torch.minimum(guess, rem), 0.5 * rem)
-    meets = _cess(log_W, log_lik, guess) >= target
-    lo, hi = torch.where(meets, guess, 0.5 * guess), torch.where(meets, rem, guess)
-    # Phase 1a: double lo while it meets the target (hi = remaining fails it: todo).
-    growing = todo & meets
-    for _ in range(max_iterations):
-        growing &= 2.0 * lo < hi
-        if not growing.any():
-            break
-        cand = 2.0 * lo
-        ok = _cess(log_W, log_lik, cand) >= target
-        hi = torch.where(growing & ~ok, cand, hi)
-        lo = torch.where(growing & ok, cand, lo)
-        growing &= ok
-    # Phase 1b: halve until lo meets the target, giving a bracket [lo, hi] with lo > 0.
-    searching = todo & ~meets
-    for _ in range(max_iterations * 20):
-        if not searching.any():
-            break
-        searching &= _cess(log_W, log_lik, lo) < target
-        hi, lo = torch.where(searching, lo, hi), torch.where(searching, 0.5 * lo, lo)
-        if (searching & (lo == 0.0)).any():
-            raise FloatingPointError("no positive annealing increment meets the ESS target")
-    # Phase 2: bisection (CESS(lo) ≥ target > CESS(hi)) until CESS(mid) is within ess_tolerance·M above it.
-    result = torch.where(todo, lo, result)
-    for _ in range(max_iterations):
-        if not todo.any():
-            break
-        mid = 0.5 * (lo + hi)
-        value = _cess(log_W, log_lik, mid)
+    cand = torch.where(torch.isfinite(guess) & (guess > 0), torch.minimum(guess, rem), 0.5 * rem)
+    # Safeguarded secant on the expansion's linear form: u(Δ) = M/CESS(Δ) − 1 ≈ Δ²·Var_W(ℓ), so log u is about
+    # linear in log Δ (slope 2); the next candidate solves log u = log(M/target − 1) on the line through the last two
+    # evaluations (slope 2 after the first).  The bracket [lo, hi] (CESS(lo) ≥ target > CESS(hi); lo = 0 holds, CESS(0)
+    # = M) takes every evaluation; a candidate outside it, and every third one, is the bracket's midpoint instead, so
+    # the bracket at least halves every three evaluations whatever the log-likelihoods.
+    lo, hi = torch.zeros_like(rem), rem.clone()
+    goal = torch.log(M / target - 1.0)
+    prev_log_d = prev_log_u = torch.full_like(rem, torch.nan)
+    for it in range(3 * max_iterations):
+        value = _cess(log_W, log_lik, cand)
         up = value >= target
         hit = todo & up & (value - target <= ess_tolerance * M)
-        result = torch.where(hit, mid, result)
+        result = torch.where(hit, cand, result)
         todo &= ~hit
-        lo, hi = torch.where(todo & up, mid, lo), torch.where(todo & ~up, mid, hi)
+        lo, hi = torch.where(todo & up, cand, lo), torch.where(todo & ~up, cand, hi)
         result = torch.where(todo, lo, result)
         todo &= hi - lo > tolerance * hi
+        if not todo.any():
+            break
+        log_d, log_u = torch.log(cand), torch.log(M / value - 1.0)
+        slope = (log_u - prev_log_u) / (log_d - prev_log_d)
+        slope = torch.where(torch.isfinite(slope) & (slope > 0.5), slope, 2.0)
+        secant = torch.exp(log_d + (goal - log_u) / slope)
+        mid = 0.5 * (lo + hi)
+        inside = torch.isfinite(secant) & (secant > lo) & (secant < hi) & (it % 3 != 2)
+        cand = torch.where(todo, torch.where(inside, secant, mid), cand)
+        prev_log_d, prev_log_u = log_d, log_u
+    if (result <= 0.0).any():
+        raise FloatingPointError("no positive annealing increment meets the ESS target")
     return float(result[0]) if single else result

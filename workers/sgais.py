@@ -7,7 +7,7 @@ Pure functions over stacked state (STYLE.md, BlackJAX ``smc/tempered.py`` + ``ad
   reweight by ``Δ_k ℓ_k``, resample the models whose ESS fell below their threshold, then
   ``burn_in`` SGHMC moves (eq. 4.14, 2.52–2.54); returns the new state and a :class:`StepInfo`.
 * :func:`absorb_block` — the adaptive loop: each model anneals its block's likelihood in from
-  ``λ_k = 0`` to 1 with ESS-chosen increments (eq. 4.13, 4.15, bisection vectorised over models);
+  ``λ_k = 0`` to 1 with ESS-chosen increments (eq. 4.13, 4.15, the search vectorised over models);
   models whose block is finished leave the stack (no extra moves), the others go on.
 
 Determinism: every random draw of model ``k`` comes from ``generators[k]`` and every reduction is

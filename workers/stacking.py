@@ -82,7 +82,7 @@ PER_MODEL_SETTINGS = frozenset(
 
 Result = list[BlockInfo] | sgais.NumericalError
 
-#: ESS target of a block taken in one increment (0: the bisection of solve_increment returns the whole remainder).
+#: ESS target of a block taken in one increment (0: solve_increment returns the whole remainder).
 ONE_STEP_TARGET = 0.0
 
 #: The variance slack ``s`` of the diagonal step ``η_d = lr·min(s·Var_d, 1/(n·f_d))`` (``workers.sgais._step_sizes``)
