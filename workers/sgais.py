@@ -599,8 +599,15 @@ def _exact_moves(
     or whose variance jumps; a draw never lags, at the cost of two random draws per model instead of ``burn_in``
     gradient steps (``tests/workers/test_exact_draws.py``)."""
     draw = (burn > 0) & (block.settings.gibbs_sweeps > 0) & ~failed
-    if not bool(draw.any()):
+    drawing = int(draw.sum())
+    if not drawing:
         return theta, log_w, evidence_var, burn, failed
+    M = log_w.shape[1]
+    if drawing == len(draw):  # every model (the warm-up's usual case): the stack itself, no selections (same bits)
+        theta, ok = exact_draw(block, theta, _tempered_statistics(block, lam))
+        evidence_var = torch.where(ok, evidence_var + epoch_variance(log_w), evidence_var)
+        mean = (torch.logsumexp(log_w, -1) - math.log(M))[:, None].expand(-1, M)
+        return theta, torch.where(ok[:, None], mean, log_w), evidence_var, torch.where(ok, 0, burn), failed | ~ok
     rows = draw.nonzero()[:, 0]
     sub = block.select(rows)
     drawn, ok = exact_draw(sub, theta[rows], _tempered_statistics(sub, lam[rows]))
@@ -608,7 +615,7 @@ def _exact_moves(
     failed = failed.index_fill(0, rows[~ok], True)
     rows = rows[ok]
     evidence_var = evidence_var.index_add(0, rows, epoch_variance(log_w[rows]))
-    mean = (torch.logsumexp(log_w[rows], -1) - math.log(log_w.shape[1]))[:, None].expand(-1, log_w.shape[1])
+    mean = (torch.logsumexp(log_w[rows], -1) - math.log(M))[:, None].expand(-1, M)
     log_w = log_w.index_copy(0, rows, mean.contiguous())
     return theta, log_w, evidence_var, burn.index_fill(0, rows, 0), failed
 

@@ -21,7 +21,7 @@ from models.conjugate import gmm_one_component_log_evidence
 from models.stack import StackedFamily
 from tests.workers.bits import assert_same_bits
 from workers.engine import ModelEngine
-from workers.sgais import exact_draw
+from workers.sgais import NumericalError, exact_draw
 from workers.stacking import advance_stack
 
 D64 = torch.float64
@@ -121,12 +121,16 @@ def _jump(seed: int, draws: bool) -> tuple[float, float, str | None]:
     sampler = {"block_size": 25, "particles": 10, "burn_in": 10, "batch_size": 100, "seed": seed}
     e = ModelEngine("gmm", {"dim": 1, "components": 1}, sampler | {"gibbs_sweeps": 2 if draws else 0})
     for a in range(0, 300, 25):
-        e.update(None, y[a : a + 25].tolist())
+        try:
+            e.update(None, y[a : a + 25].tolist())
+        except NumericalError as err:  # refused and reported (SGHMC's particles can diverge here): not certified
+            return math.nan, math.nan, f"block at {a} refused: {err}"
     return e.log_evidence - gmm_one_component_log_evidence(y), e.log_evidence_se, e.degraded
 
 
 def test_a_variance_that_jumps_is_right_not_merely_flagged() -> None:
-    """Six seeds: with SGHMC's moves every run is flagged (its particles lag: thousands of nats low when written);
+    """Six seeds: with SGHMC's moves every run is flagged (its particles lag: thousands of nats low when written) or
+    refused with a NumericalError (seed 5 since session 36's ESS search: its particles diverged);
     with the exact draws every run is ``ok`` and within 3 of its standard errors (at most −1.73 nats at SE 0.73, 2.4 SE,
     when written)."""
     without = [_jump(seed, False) for seed in range(6)]
