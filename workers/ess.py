@@ -18,8 +18,7 @@ each computed with exactly the arithmetic it would get alone (row-wise reduction
 
 from __future__ import annotations
 
-from typing import Any
-
+import numpy as np
 import torch
 
 
@@ -31,15 +30,31 @@ def ess(log_w: torch.Tensor) -> torch.Tensor:
 def conditional_ess(log_w: torch.Tensor, log_lik: torch.Tensor, delta: float | torch.Tensor) -> torch.Tensor:
     """Conditional ESS (in particles) of the increment ``exp(delta * log_lik)`` given ``log_w``.
 
-    ``log_w, log_lik: [..., M]``, ``delta``: a number or ``[...]`` -> ``[...]`` in ``[1, M]`` (up to rounding).
+    ``log_w, log_lik: [..., M]``, ``delta``: a number or ``[...]`` -> ``[...]`` in ``[1, M]`` (up to rounding),
+    float64 on ``log_w``'s device (computed as :func:`solve_increment` computes it).
     """
-    log_W = log_w - torch.logsumexp(log_w, -1, keepdim=True)
-    return _cess(log_W, log_lik, torch.as_tensor(delta, dtype=log_W.dtype, device=log_W.device))
+    lw, ll = _host(log_w), _host(log_lik)
+    log_W = lw - _logsumexp(lw)[..., None]
+    d = np.broadcast_to(_host(torch.as_tensor(delta, dtype=torch.float64)), lw.shape[:-1])
+    return torch.from_numpy(np.asarray(_cess(log_W, ll, d))).to(log_w.device)
 
 
-def _cess(log_W: torch.Tensor, log_lik: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+def _host(t: torch.Tensor) -> np.ndarray:
+    """``t`` as a float64 NumPy array on the host (a view where it is float64 on the CPU already)."""
+    return t.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    """``log Σ exp(x)`` over the last axis (``-inf`` for a row of ``-inf``), row by row."""
+    top = x.max(-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.exp(x - top).sum(-1)) + top[..., 0]
+
+
+def _cess(log_W: np.ndarray, log_lik: np.ndarray, delta: np.ndarray) -> np.ndarray:
     a = delta[..., None] * log_lik
-    return log_W.shape[-1] * torch.exp(2 * torch.logsumexp(log_W + a, -1) - torch.logsumexp(log_W + 2 * a, -1))
+    return log_W.shape[-1] * np.exp(2 * _logsumexp(log_W + a) - _logsumexp(log_W + 2 * a))
 
 
 def solve_increment(
@@ -90,61 +105,83 @@ def solve_increment(
         If ``log_lik`` contains NaN or +inf (``-inf`` is allowed: a particle
         with zero likelihood simply loses its weight), or no positive increment meets the target.
     """
-    single = log_w.ndim == 1
-    log_w = log_w.to(torch.float64).reshape(-1, log_w.shape[-1])
-    log_lik = log_lik.to(torch.float64).reshape(log_w.shape)
-    if torch.isnan(log_lik).any() or torch.isposinf(log_lik).any():
+    single, device = log_w.ndim == 1, log_w.device
+    # on the host, in NumPy: a few dozen operations on [K, M] numbers, each a microsecond there against 4-26 µs as a
+    # torch call (torch.logsumexp: 26 µs on 50 numbers; bench/README.md, session 36); every operation is row by row,
+    # so a model's answer is the same bits alone or in any stack
+    lw = _host(log_w).reshape(-1, log_w.shape[-1])
+    ll = _host(log_lik).reshape(lw.shape)
+    if np.isnan(ll).any() or np.isposinf(ll).any():
         raise FloatingPointError("log-likelihood of the block is NaN or +inf for some particle")
     # -inf likelihoods: give them a finite floor far below the rest so the
     # arithmetic stays finite; their weight is exp(Δ·floor) ≈ 0 for any Δ that matters.
-    finite = torch.isfinite(log_lik)
+    finite = np.isfinite(ll)
     if not finite.all():
         if not finite.any(-1).all():
             raise FloatingPointError("log-likelihood of the block is -inf for every particle")
-        floor = torch.where(finite, log_lik, torch.inf).min(-1, keepdim=True).values - 1e4
-        log_lik = torch.where(finite, log_lik, floor)
-    opts: dict[str, Any] = {"dtype": torch.float64, "device": log_w.device}
-    K, M = log_w.shape
-    target = torch.as_tensor(target, **opts).expand(K)
-    rem = torch.as_tensor(remaining, **opts).expand(K).clone()
-    log_W = log_w - torch.logsumexp(log_w, -1, keepdim=True)
-    result = rem.clone()
-    todo = _cess(log_W, log_lik, rem) < target
-    if not todo.any():
-        return float(result[0]) if single else result
-    # First guess from the second-order expansion (docstring); rem/2 where it is useless.
-    W = torch.exp(log_W)
-    centred = log_lik - (W * log_lik).sum(-1, keepdim=True)
+        floor = np.where(finite, ll, np.inf).min(-1, keepdims=True) - 1e4
+        ll = np.where(finite, ll, floor)
+    K, M = lw.shape
+    target = np.broadcast_to(_host(torch.as_tensor(target, dtype=torch.float64)), (K,))
+    rem = np.broadcast_to(_host(torch.as_tensor(remaining, dtype=torch.float64)), (K,)).copy()
+    log_W = lw - _logsumexp(lw)[:, None]
+    result = rem.copy()
+    todo = _cess(log_W, ll, rem) < target
+    if todo.any():
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            result = _search(log_W, ll, target, rem, todo, result, tolerance, ess_tolerance, max_iterations)
+    return float(result[0]) if single else torch.from_numpy(result).to(device)
+
+
+def _search(
+    log_W: np.ndarray,
+    log_lik: np.ndarray,
+    target: np.ndarray,
+    rem: np.ndarray,
+    todo: np.ndarray,
+    result: np.ndarray,
+    tolerance: float,
+    ess_tolerance: float,
+    max_iterations: int,
+) -> np.ndarray:
+    """:func:`solve_increment`'s search for the rows ``todo: [K]`` (``CESS(rem) < target``) -> the increments ``[K]``.
+
+    Raises FloatingPointError when no positive increment meets a row's target."""
+    M = log_W.shape[-1]
+    # First guess from the second-order expansion (solve_increment's docstring); rem/2 where it is useless.
+    W = np.exp(log_W)
+    centred = log_lik - (W * log_lik).sum(-1, keepdims=True)
     var = (W * centred * centred).sum(-1)
-    guess = torch.sqrt((M / target - 1.0).clamp_min(0.0) / var)
-    cand = torch.where(torch.isfinite(guess) & (guess > 0), torch.minimum(guess, rem), 0.5 * rem)
+    guess = np.sqrt(np.maximum(M / target - 1.0, 0.0) / var)
+    cand = np.where(np.isfinite(guess) & (guess > 0), np.minimum(guess, rem), 0.5 * rem)
     # Safeguarded secant on the expansion's linear form: u(Δ) = M/CESS(Δ) − 1 ≈ Δ²·Var_W(ℓ), so log u is about
     # linear in log Δ (slope 2); the next candidate solves log u = log(M/target − 1) on the line through the last two
     # evaluations (slope 2 after the first).  The bracket [lo, hi] (CESS(lo) ≥ target > CESS(hi); lo = 0 holds, CESS(0)
     # = M) takes every evaluation; a candidate outside it, and every third one, is the bracket's midpoint instead, so
     # the bracket at least halves every three evaluations whatever the log-likelihoods.
-    lo, hi = torch.zeros_like(rem), rem.clone()
-    goal = torch.log(M / target - 1.0)
-    prev_log_d = prev_log_u = torch.full_like(rem, torch.nan)
+    todo = todo.copy()
+    lo, hi = np.zeros_like(rem), rem.copy()
+    goal = np.log(M / target - 1.0)
+    prev_log_d = prev_log_u = np.full_like(rem, np.nan)
     for it in range(3 * max_iterations):
         value = _cess(log_W, log_lik, cand)
         up = value >= target
         hit = todo & up & (value - target <= ess_tolerance * M)
-        result = torch.where(hit, cand, result)
+        result = np.where(hit, cand, result)
         todo &= ~hit
-        lo, hi = torch.where(todo & up, cand, lo), torch.where(todo & ~up, cand, hi)
-        result = torch.where(todo, lo, result)
+        lo, hi = np.where(todo & up, cand, lo), np.where(todo & ~up, cand, hi)
+        result = np.where(todo, lo, result)
         todo &= hi - lo > tolerance * hi
         if not todo.any():
             break
-        log_d, log_u = torch.log(cand), torch.log(M / value - 1.0)
+        log_d, log_u = np.log(cand), np.log(M / value - 1.0)
         slope = (log_u - prev_log_u) / (log_d - prev_log_d)
-        slope = torch.where(torch.isfinite(slope) & (slope > 0.5), slope, 2.0)
-        secant = torch.exp(log_d + (goal - log_u) / slope)
+        slope = np.where(np.isfinite(slope) & (slope > 0.5), slope, 2.0)
+        secant = np.exp(log_d + (goal - log_u) / slope)
         mid = 0.5 * (lo + hi)
-        inside = torch.isfinite(secant) & (secant > lo) & (secant < hi) & (it % 3 != 2)
-        cand = torch.where(todo, torch.where(inside, secant, mid), cand)
+        inside = np.isfinite(secant) & (secant > lo) & (secant < hi) & (it % 3 != 2)
+        cand = np.where(todo, np.where(inside, secant, mid), cand)
         prev_log_d, prev_log_u = log_d, log_u
     if (result <= 0.0).any():
         raise FloatingPointError("no positive annealing increment meets the ESS target")
-    return float(result[0]) if single else result
+    return result
