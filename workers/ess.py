@@ -122,14 +122,14 @@ def solve_increment(
         floor = np.where(finite, ll, np.inf).min(-1, keepdims=True) - 1e4
         ll = np.where(finite, ll, floor)
     K, M = lw.shape
-    target = np.broadcast_to(_host(torch.as_tensor(target, dtype=torch.float64)), (K,))
+    targets = np.broadcast_to(_host(torch.as_tensor(target, dtype=torch.float64)), (K,))
     rem = np.broadcast_to(_host(torch.as_tensor(remaining, dtype=torch.float64)), (K,)).copy()
     log_W = lw - _logsumexp(lw)[:, None]
     result = rem.copy()
-    todo = _cess(log_W, ll, rem) < target
+    todo = _cess(log_W, ll, rem) < targets
     if todo.any():
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            result = _search(log_W, ll, target, rem, todo, result, tolerance, ess_tolerance, max_iterations)
+            result = _search(log_W, ll, targets, rem, todo, result, tolerance, ess_tolerance, max_iterations)
     return float(result[0]) if single else torch.from_numpy(result).to(device)
 
 
