@@ -294,39 +294,50 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
     active = torch.arange(K, device=dev)
     first_rows: torch.Tensor | None = None
     while active.numel():
-        full = active.numel() == K
+        full = active.numel() == K  # the whole stack: its own tensors, no selections (the bits are the same)
         sub_block, sub = (block, state) if full else (block.select(active), state.select(active))
         rows = sub_block.family.log_likelihood(sub.theta, sub_block.x, sub_block.y)
         first_rows = rows if first_rows is None else first_rows
         ll = rows.sum(-1).to(torch.float64)
-        bad = torch.isnan(ll).any(-1) | torch.isposinf(ll).any(-1) | ~torch.isfinite(ll).any(-1)
-        for k in active[bad].tolist():
-            errors[k] = f"log-likelihood is NaN or infinite for some of the {M} particles"
-        if bad.all():
-            break
-        remaining = 1.0 - lam[active]
-        ll_ok = torch.where(bad[:, None], 0.0, ll)  # failed rows take a harmless dummy
+        # NaN or +inf for some particle (both fail `< inf`), or no finite value (all -inf)
+        bad = ~((ll < math.inf).all(-1) & (ll > -math.inf).any(-1))
+        ll_ok = ll
+        if bool(bad.any()):
+            for k in active[bad].tolist():
+                errors[k] = f"log-likelihood is NaN or infinite for some of the {M} particles"
+            if bool(bad.all()):
+                break
+            ll_ok = torch.where(bad[:, None], 0.0, ll)  # failed rows take a harmless dummy
+        lam_a, steps_a = (lam, steps) if full else (lam[active], steps[active])
+        remaining = 1.0 - lam_a
         try:
             delta = solve_increment(sub.log_w, ll_ok, target=sub_block.settings.ess_target * M, remaining=remaining)
         except FloatingPointError as err:
             raise NumericalError(str(err)) from err
-        trip = (steps[active] + 1 >= block.settings.max_annealing_steps) & (delta < remaining)
-        delta = torch.where(trip | (lam[active] + delta >= 1.0 - 1e-12), remaining, delta)
-        lam_new = torch.where(delta == remaining, 1.0, lam[active] + delta)
+        trip = (steps_a + 1 >= block.settings.max_annealing_steps) & (delta < remaining)
+        delta = torch.where(trip | (lam_a + delta >= 1.0 - 1e-12), remaining, delta)
+        lam_new = torch.where(delta == remaining, 1.0, lam_a + delta)
         # a block taken whole in its first step needs moves only if it resampled (resample-move)
-        still = (steps[active] == 0) & (lam_new >= 1.0) & (not block.settings.move_every_step)
+        still = (steps_a == 0) & (lam_new >= 1.0) & (not block.settings.move_every_step)
         sub, info = tempered_step(sub_block, sub, delta=delta, lam=lam_new, log_lik=ll_ok, still=still)
-        state = sub if full else state.put(active, sub)
-        lam[active], steps[active] = lam_new, steps[active] + 1
-        resampled[active] |= info.resampled
-        behind[active] += info.behind
-        tripped[active] |= trip
-        for k in active[info.failed & ~bad].tolist():
-            errors[k] = (
-                "log-weights became NaN or all -inf or beyond 1e15 nats, SGHMC diverged (particles at NaN/inf or "
-                "beyond 1e12), or an exact draw was not finite"
-            )
-        failed[active] |= info.failed | bad
+        newly = info.failed & ~bad
+        if full:
+            state, lam, steps = sub, lam_new, steps_a + 1
+            resampled, behind, tripped = resampled | info.resampled, behind + info.behind, tripped | trip
+            failed = failed | info.failed | bad
+        else:
+            state = state.put(active, sub)
+            lam[active], steps[active] = lam_new, steps_a + 1
+            resampled[active] |= info.resampled
+            behind[active] += info.behind
+            tripped[active] |= trip
+            failed[active] |= info.failed | bad
+        if bool(newly.any()):
+            for k in active[newly].tolist():
+                errors[k] = (
+                    "log-weights became NaN or all -inf or beyond 1e15 nats, SGHMC diverged (particles at NaN/inf or "
+                    "beyond 1e12), or an exact draw was not finite"
+                )
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]
     return state, BlockStats(steps.tolist(), resampled.tolist(), tripped.tolist(), errors, behind.tolist(), first_rows)
 
