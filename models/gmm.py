@@ -140,6 +140,8 @@ class GaussianMixture(Family):
         contiguous observation axis (a log-sum-exp over a last axis of 2 components costs ~10× more)."""
         mu, var = values["means"], values["variances"]
         comp = self._component_log_densities(mu, var, torch.log(var), y)
+        if comp.shape[-2] == 1:  # one component: its weight is 1, and the log-sum-exp of one term is it (same bits)
+            return comp[..., 0, :]
         return torch.logsumexp(torch.log(values["weights"])[..., None] + comp, dim=-2)
 
     @staticmethod
