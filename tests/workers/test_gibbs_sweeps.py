@@ -164,12 +164,15 @@ def _bitcoin_ar1(seed: int, sweeps: bool, catch_up_moves: int) -> tuple[float, f
 
 def test_a_noise_variance_that_moves_fast_is_tracked_by_the_sweeps() -> None:
     """Without extra moves (``catch_up_moves`` 0, so that the sweeps alone are tested): SGHMC's moves alone lag the
-    bubble's noise variance and every one of six seeds ends beyond 3 of its standard errors from the exact value
-    with status ok (−2.3 to −6.5 nats at SE 0.7 when written); with the sweeps (two per annealing step instead of
-    the SGHMC steps) every seed is within 3 SE (at most −1.26 nats at SE 0.51, 2.5 SE).  With the default extra moves
-    too, no seed beyond 3 SE and none flagged."""
+    bubble's noise variance, and at least four of six seeds end more than 3 of their standard errors below the exact
+    value with status ok (an estimator with honest error bars does that with probability ~1e-9: 15·0.00135⁴; six of
+    six at −2.3 to −6.5 nats at SE 0.7 when written, five of six at −4.5 to −11.1 since session 36's ESS search, seed
+    2 then +1.1); with the sweeps (two per annealing step instead of the SGHMC steps) every seed is within 3 SE (at
+    most −1.26 nats at SE 0.51, 2.5 SE, when written).  With the default extra moves too, no seed beyond 3 SE and none
+    flagged."""
     without = [_bitcoin_ar1(seed, False, 0) for seed in range(6)]
-    assert all(err < -3 * se and degraded is None for err, se, degraded in without), without
+    assert all(degraded is None for _, _, degraded in without), without
+    assert sum(err < -3 * se for err, se, _ in without) >= 4, without
     for catch_up in (0, 4):
         runs = [_bitcoin_ar1(seed, True, catch_up) for seed in range(6)]
         assert all(abs(err) <= 3 * se and degraded is None for err, se, degraded in runs), (catch_up, runs)
