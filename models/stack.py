@@ -113,9 +113,24 @@ class StackedFamily:
         """``T: [K, P]``, the rows' summed sufficient statistics: ``Σ_b ∇ log p(y_b|θ) = g(θ, T)``."""
         return self.family.stacked_sufficient_statistics(x, y)
 
+    def block_statistics(self, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+        """:meth:`statistics` of a block's rows; the last block's are kept for the same tensors ``x``, ``y``, unmodified
+        since (their version counters: every annealing step of a block asks for them)."""
+        versions = (None if x is None else x._version, y._version)
+        last = self.__dict__.get("_last_block")
+        if last is not None and last[0] is x and last[1] is y and last[2] == versions:
+            return last[3]
+        T = self.statistics(x, y)
+        self.__dict__["_last_block"] = (x, y, versions, T)
+        return T
+
     def prior_pseudo_statistics(self) -> torch.Tensor:
-        """``T0: [K, P]``: ``∇ log p(θ) = g(θ, T0)`` (log-|J| included)."""
-        return self.family.stacked_prior_pseudo_statistics(self.hp)
+        """``T0: [K, P]``: ``∇ log p(θ) = g(θ, T0)`` (log-|J| included); formed once per stack (its hyperparameters
+        are frozen)."""
+        T0 = self.__dict__.get("_prior_pseudo_statistics")
+        if T0 is None:
+            T0 = self.__dict__["_prior_pseudo_statistics"] = self.family.stacked_prior_pseudo_statistics(self.hp)
+        return T0
 
     @property
     def gibbs_conditionals(self) -> bool:

@@ -303,7 +303,7 @@ def exact_statistics(model: StackedFamily, block: Batch, lam: torch.Tensor) -> t
     """``T = T0 + λ T_C: [K, P]``, the prior's pseudo-statistics and the tempered block's (``sufficient_statistics``
     families)."""
     assert block.y is not None
-    return model.prior_pseudo_statistics() + lam[:, None].to(model.hp_dtype) * model.statistics(block.x, block.y)
+    return model.prior_pseudo_statistics() + lam[:, None].to(model.hp_dtype) * model.block_statistics(block.x, block.y)
 
 
 StepGradient = Callable[[torch.Tensor, int], torch.Tensor]
