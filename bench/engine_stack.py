@@ -6,7 +6,10 @@ per model-block (``time.process_time``: less sensitive to other tenants than wal
 model-steps computed against those the models needed (a stack runs its longest model's steps; models that
 finished early are masked), and defensive Laplace fits (``workers.conflict.best_laplace`` calls, each one
 population's first block) with how many of them ran L-BFGS (``workers.conflict.laplace`` calls: the families without a
-closed-form mode, four starts each where the family is not unimodal).
+closed-form mode, four starts each where the family is not unimodal), and the ESS increment's calls
+(``workers.sgais.solve_increment``) with their conditional-ESS evaluations (``workers.ess._cess``).  A checkout whose
+script lacks a count prints ``?``; ``PYTHONPATH=DIR python bench/engine_stack.py --json-only --models 1`` counts
+another checkout's code with this script.
 
 ``--baseline DIR`` runs the same workload from another checkout (e.g. ``git worktree add /tmp/base <commit>``)
 in a subprocess, alternating with this one ``--repeats`` times, and prints the ratio per repeat.
@@ -47,8 +50,11 @@ def run(models: int, chunks: int) -> dict:
         pass
     else:
         quiet_gc()
-    counts = {"computed": 0, "needed": 0, "laplace": 0, "lbfgs": 0}
+    from workers import ess
+
+    counts = {"computed": 0, "needed": 0, "laplace": 0, "lbfgs": 0, "increments": 0, "cess": 0}
     steps, fit, best = sgais._sghmc_steps, conflict.laplace, conflict.best_laplace
+    solve, cess = sgais.solve_increment, ess._cess
 
     def counted_steps(*args):  # the per-model step counts come last (whatever the code base's other arguments)
         c = args[-1]
@@ -64,7 +70,16 @@ def run(models: int, chunks: int) -> dict:
         counts["laplace"] += 1
         return best(*a, **k)
 
+    def counted_solve(*a, **k):  # the ESS increment's calls (workers.ess.solve_increment) ...
+        counts["increments"] += 1
+        return solve(*a, **k)
+
+    def counted_cess(*a):  # ... and its conditional-ESS evaluations
+        counts["cess"] += 1
+        return cess(*a)
+
     sgais._sghmc_steps, conflict.laplace, conflict.best_laplace = counted_steps, counted_fit, counted_best
+    sgais.solve_increment, ess._cess = counted_solve, counted_cess
     engines = []
     for i in range(models):
         body = gmm_model(i)
@@ -107,7 +122,8 @@ def main() -> None:
             print(
                 f"repeat {r} {root}: {x['cpu_ms']:.3f} CPU ms per model-block (wall {x['wall_ms']:.3f}); SGHMC "
                 f"model-steps computed {x['computed']:,} for {x['needed']:,} needed; Laplace fits {x['laplace']} "
-                f"(L-BFGS runs {x.get('lbfgs', '?')})"
+                f"(L-BFGS runs {x.get('lbfgs', '?')}); ESS increments {x.get('increments', '?')} with "
+                f"{x.get('cess', '?')} conditional-ESS evaluations"
             )
         if a.baseline:
             ratios.append(res[1]["cpu_ms"] / res[0]["cpu_ms"])

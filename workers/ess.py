@@ -81,10 +81,11 @@ def solve_increment(
     when ``CESS`` lies within ``ess_tolerance · M`` above the target (or the bracket's relative width is
     ``tolerance``).  CESS is non-increasing in ``Δ``, and the returned ``Δ`` always meets the target.  The
     target itself is a heuristic (the thesis's 0.5 M, our 0.9 M), so a tenth of a percent of ``M`` above it
-    changes nothing of substance.  Work per call, counted over ``bench/many_models.py``'s gmm stream (100 values in
-    5-value chunks, change-point challengers on; the first evaluation at ``remaining`` and calls that take the
-    whole remainder included): 3.0 CESS evaluations for one model and 4.3 for a stack of eight, against 4.9 and
-    7.2 with the bisection of sessions 8-35 (bench/README.md, session 36).
+    changes nothing of substance.  Work per call (``python bench/engine_stack.py --models 1`` and ``--models 8``:
+    ``bench/many_models.py``'s gmm stream, 100 values in 5-value chunks, change-point challengers on; the first
+    evaluation at ``remaining`` and calls that take the whole remainder included): 3.0 CESS evaluations for one
+    model and 4.2 for a stack of eight, against 4.9 and 7.2 with the bisection of sessions 8-35 (bench/README.md,
+    session 36).
     All models search together; a model whose answer is found is frozen, so its answer
     is the one it gets alone.
 
@@ -107,8 +108,8 @@ def solve_increment(
     """
     single, device = log_w.ndim == 1, log_w.device
     # on the host, in NumPy: a few dozen operations on [K, M] numbers, each a microsecond there against 4-26 µs as a
-    # torch call (torch.logsumexp: 26 µs on 50 numbers; bench/README.md, session 36); every operation is row by row,
-    # so a model's answer is the same bits alone or in any stack
+    # torch call (torch.logsumexp: 26 µs on 50 numbers, ad hoc; bench/README.md, session 36); every operation is row
+    # by row, so a model's answer is the same bits alone or in any stack
     lw = _host(log_w).reshape(-1, log_w.shape[-1])
     ll = _host(log_lik).reshape(lw.shape)
     if np.isnan(ll).any() or np.isposinf(ll).any():
@@ -125,11 +126,10 @@ def solve_increment(
     targets = np.broadcast_to(_host(torch.as_tensor(target, dtype=torch.float64)), (K,))
     rem = np.broadcast_to(_host(torch.as_tensor(remaining, dtype=torch.float64)), (K,)).copy()
     log_W = lw - _logsumexp(lw)[:, None]
-    result = rem.copy()
-    todo = _cess(log_W, ll, rem) < targets
+    result, todo = rem, _cess(log_W, ll, rem) < targets
     if todo.any():
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            result = _search(log_W, ll, targets, rem, todo, result, tolerance, ess_tolerance, max_iterations)
+            result = _search(log_W, ll, targets, rem, todo, tolerance, ess_tolerance, max_iterations)
     return float(result[0]) if single else torch.from_numpy(result).to(device)
 
 
@@ -139,7 +139,6 @@ def _search(
     target: np.ndarray,
     rem: np.ndarray,
     todo: np.ndarray,
-    result: np.ndarray,
     tolerance: float,
     ess_tolerance: float,
     max_iterations: int,
@@ -159,8 +158,7 @@ def _search(
     # evaluations (slope 2 after the first).  The bracket [lo, hi] (CESS(lo) ≥ target > CESS(hi); lo = 0 holds, CESS(0)
     # = M) takes every evaluation; a candidate outside it, and every third one, is the bracket's midpoint instead, so
     # the bracket at least halves every three evaluations whatever the log-likelihoods.
-    todo = todo.copy()
-    lo, hi = np.zeros_like(rem), rem.copy()
+    result, lo, hi = rem.copy(), np.zeros_like(rem), rem.copy()
     goal = np.log(M / target - 1.0)
     prev_log_d = prev_log_u = np.full_like(rem, np.nan)
     for it in range(3 * max_iterations):
@@ -168,10 +166,10 @@ def _search(
         up = value >= target
         hit = todo & up & (value - target <= ess_tolerance * M)
         result = np.where(hit, cand, result)
-        todo &= ~hit
+        todo = todo & ~hit
         lo, hi = np.where(todo & up, cand, lo), np.where(todo & ~up, cand, hi)
         result = np.where(todo, lo, result)
-        todo &= hi - lo > tolerance * hi
+        todo = todo & (hi - lo > tolerance * hi)
         if not todo.any():
             break
         log_d, log_u = np.log(cand), np.log(M / value - 1.0)
