@@ -284,14 +284,15 @@ def weighted_variance(theta: torch.Tensor, log_w: torch.Tensor, *, floor: torch.
 
 
 def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, BlockStats]:
-    """Alg. 8, lines 4–15, for every model of the stack: the λ loop around :func:`tempered_step`."""
+    """Alg. 8, lines 4–15, for every model of the stack: the λ loop around :func:`tempered_step`.
+
+    Each pass takes the models still annealing (``active``): their block log-likelihood at the particles, each
+    model's increment ``Δ`` by its conditional-ESS target (:func:`increment`), one tempered step; a model leaves
+    the loop at ``λ = 1`` or when its step failed (its ``error`` says why)."""
     K, M = state.log_w.shape
-    dev = state.log_w.device
-    lam, steps = torch.zeros(K, dtype=torch.float64, device=dev), torch.zeros(K, dtype=torch.long, device=dev)
-    resampled, tripped, failed = (torch.zeros(K, dtype=torch.bool, device=dev) for _ in range(3))
-    behind = torch.zeros(K, dtype=torch.long, device=dev)
+    tally = _Tally.zeros(K, state.log_w.device)
     errors: list[str | None] = [None] * K
-    active = torch.arange(K, device=dev)
+    active = torch.arange(K, device=state.log_w.device)
     first_rows: torch.Tensor | None = None
     while active.numel():
         full = active.numel() == K  # the whole stack: its own tensors, no selections (the bits are the same)
@@ -301,45 +302,92 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
         ll = rows.sum(-1).to(torch.float64)
         # NaN or +inf for some particle (both fail `< inf`), or no finite value (all -inf)
         bad = ~((ll < math.inf).all(-1) & (ll > -math.inf).any(-1))
-        ll_ok = ll
-        if bool(bad.any()):
-            for k in active[bad].tolist():
-                errors[k] = f"log-likelihood is NaN or infinite for some of the {M} particles"
+        if _mark(errors, active, bad, f"log-likelihood is NaN or infinite for some of the {M} particles"):
             if bool(bad.all()):
                 break
-            ll_ok = torch.where(bad[:, None], 0.0, ll)  # failed rows take a harmless dummy
-        lam_a, steps_a = (lam, steps) if full else (lam[active], steps[active])
-        remaining = 1.0 - lam_a
-        try:
-            delta = solve_increment(sub.log_w, ll_ok, target=sub_block.settings.ess_target * M, remaining=remaining)
-        except FloatingPointError as err:
-            raise NumericalError(str(err)) from err
-        trip = (steps_a + 1 >= block.settings.max_annealing_steps) & (delta < remaining)
-        delta = torch.where(trip | (lam_a + delta >= 1.0 - 1e-12), remaining, delta)
-        lam_new = torch.where(delta == remaining, 1.0, lam_a + delta)
+            ll = torch.where(bad[:, None], 0.0, ll)  # failed rows take a harmless dummy
+        lam, steps = (tally.lam, tally.steps) if full else (tally.lam[active], tally.steps[active])
+        delta, lam_new, trip = increment(sub_block, sub.log_w, ll, lam, steps)
         # a block taken whole in its first step needs moves only if it resampled (resample-move)
-        still = (steps_a == 0) & (lam_new >= 1.0) & (not block.settings.move_every_step)
-        sub, info = tempered_step(sub_block, sub, delta=delta, lam=lam_new, log_lik=ll_ok, still=still)
-        newly = info.failed & ~bad
-        if full:
-            state, lam, steps = sub, lam_new, steps_a + 1
-            resampled, behind, tripped = resampled | info.resampled, behind + info.behind, tripped | trip
-            failed = failed | info.failed | bad
-        else:
-            state = state.put(active, sub)
-            lam[active], steps[active] = lam_new, steps_a + 1
-            resampled[active] |= info.resampled
-            behind[active] += info.behind
-            tripped[active] |= trip
-            failed[active] |= info.failed | bad
-        if bool(newly.any()):
-            for k in active[newly].tolist():
-                errors[k] = (
-                    "log-weights became NaN or all -inf or beyond 1e15 nats, SGHMC diverged (particles at NaN/inf or "
-                    "beyond 1e12), or an exact draw was not finite"
-                )
+        still = (steps == 0) & (lam_new >= 1.0) & (not block.settings.move_every_step)
+        sub, info = tempered_step(sub_block, sub, delta=delta, lam=lam_new, log_lik=ll, still=still)
+        state = sub if full else state.put(active, sub)
+        tally.record(None if full else active, lam_new, trip, info, bad)
+        _mark(errors, active, info.failed & ~bad, STEP_FAILED)
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]
-    return state, BlockStats(steps.tolist(), resampled.tolist(), tripped.tolist(), errors, behind.tolist(), first_rows)
+    return state, tally.stats(errors, first_rows)
+
+
+#: The error of a model whose annealing step failed (:func:`tempered_step`'s ``failed``).
+STEP_FAILED = (
+    "log-weights became NaN or all -inf or beyond 1e15 nats, SGHMC diverged (particles at NaN/inf or beyond 1e12), or "
+    "an exact draw was not finite"
+)
+
+
+def _mark(errors: list[str | None], active: torch.Tensor, which: torch.Tensor, reason: str) -> bool:
+    """Set ``errors[k] = reason`` for the active models ``active[which]``; whether there was any."""
+    if not bool(which.any()):
+        return False
+    for k in active[which].tolist():
+        errors[k] = reason
+    return True
+
+
+def increment(
+    block: StackBlock, log_w: torch.Tensor, log_lik: torch.Tensor, lam: torch.Tensor, steps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The next annealing increment of each model: ``(Δ, λ + Δ, tripped)``, all ``[K]``.
+
+    ``Δ`` keeps the conditional ESS at ``ess_target · M`` (thesis eq. 4.15; :func:`workers.ess.solve_increment`),
+    takes the rest of the block when ``λ + Δ`` reaches 1 (within 1e-12), and the rest in one increment at the
+    ``max_annealing_steps``-th step (``tripped``: the guard that flags the model).  ``log_w: [K, M]`` float64,
+    ``log_lik: [K, M]`` the block's log-likelihood (nats), ``lam: [K]`` float64, ``steps: [K]`` steps taken.
+
+    Raises NumericalError when the search meets non-finite numbers."""
+    remaining = 1.0 - lam
+    try:
+        delta = solve_increment(log_w, log_lik, target=block.settings.ess_target * log_w.shape[1], remaining=remaining)
+    except FloatingPointError as err:
+        raise NumericalError(str(err)) from err
+    trip = (steps + 1 >= block.settings.max_annealing_steps) & (delta < remaining)
+    delta = torch.where(trip | (lam + delta >= 1.0 - 1e-12), remaining, delta)
+    return delta, torch.where(delta == remaining, 1.0, lam + delta), trip
+
+
+class _Tally:
+    """Per-model ``[K]`` running values of :func:`absorb_block`'s λ loop: ``λ``, steps taken, and whether the model
+    resampled, tripped the step guard, failed, and its steps whose particles lagged (:func:`_catch_up`)."""
+
+    def __init__(self, *tensors: torch.Tensor):
+        self.lam, self.steps, self.resampled, self.tripped, self.failed, self.behind = tensors
+
+    @classmethod
+    def zeros(cls, K: int, device: torch.device) -> _Tally:
+        lam = torch.zeros(K, dtype=torch.float64, device=device)
+        steps, behind = (torch.zeros(K, dtype=torch.long, device=device) for _ in range(2))
+        resampled, tripped, failed = (torch.zeros(K, dtype=torch.bool, device=device) for _ in range(3))
+        return cls(lam, steps, resampled, tripped, failed, behind)
+
+    def record(
+        self, active: torch.Tensor | None, lam: torch.Tensor, trip: torch.Tensor, info: StepInfo, bad: torch.Tensor
+    ) -> None:
+        """One annealing step of the models ``active`` (None: the whole stack, updated without indexing)."""
+        if active is None:
+            self.lam, self.steps = lam, self.steps + 1
+            self.resampled, self.behind = self.resampled | info.resampled, self.behind + info.behind
+            self.tripped, self.failed = self.tripped | trip, self.failed | info.failed | bad
+            return
+        self.lam[active], self.steps[active] = lam, self.steps[active] + 1
+        self.resampled[active] |= info.resampled
+        self.behind[active] += info.behind
+        self.tripped[active] |= trip
+        self.failed[active] |= info.failed | bad
+
+    def stats(self, errors: list[str | None], first_rows: torch.Tensor | None) -> BlockStats:
+        tallies = (self.steps, self.resampled, self.tripped, self.behind)
+        steps, resampled, tripped, behind = (t.tolist() for t in tallies)
+        return BlockStats(steps, resampled, tripped, errors, behind, first_rows)
 
 
 def tempered_step(

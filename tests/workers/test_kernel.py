@@ -928,3 +928,17 @@ def test_runaway_full_preconditioned_moves_are_redone_with_the_diagonal(monkeypa
     full = sgais._full_preconditioner
     monkeypatch.setattr(sgais, "_full_preconditioner", lambda *a: (*full(*a)[:2], torch.zeros(1, dtype=torch.bool)))
     assert redone == run() != kept
+
+
+# ----- the kernel's shape (issue 9, acceptance 5) ----------------------------------------------
+
+
+def test_the_lambda_loop_fits_in_forty_lines():
+    """``absorb_block``'s λ loop, from its ``while`` to the function's return, is at most 40 lines (issue 9,
+    acceptance 5: the kernel reads as pure functions; policies live outside it)."""
+    import inspect
+
+    lines = inspect.getsource(sgais.absorb_block).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
+    end = next(i for i, line in enumerate(lines) if line.lstrip().startswith("return "))
+    assert 0 < end - start + 1 <= 40, f"the λ loop is {end - start + 1} lines"
