@@ -1,0 +1,89 @@
+"""The engine's fixed and per-model costs by phase of a stream: one model alone against ``--models`` stacked (issue 9).
+
+    python bench/stack_scaling.py [--models 128] [--chunks 128] [--phases 1,20,40,100]
+
+``bench/many_models.py``'s gmm workload without the service: one-component gmm models (its priors and seeds,
+change-point challengers on) absorb the same 5-observation chunks through :func:`workers.segmented.advance_blocks`
+(the worker's call for a stream's chunk), with the worker's thread count and garbage-collector settings.  First one
+model alone, then ``--models`` models in one call per chunk.  For each phase of the stream (chunks ``[a, b)`` from
+``--phases``' boundaries) it prints the CPU milliseconds per block of the lone model, per model-block of the stack,
+and their ratio: the ceiling that the engine alone puts on ``bench/many_models.py``'s ratio (issue 9, acceptance 1
+asks 30x end to end), and the stack's total CPU per chunk split as ``fixed + K x marginal`` with the lone model as
+the fixed part (``marginal = (stack − lone) / (K − 1)``).
+
+CPU time (``time.process_time``) of this process; a busy machine moves both columns, so compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def per_chunk(models: int, chunks: int) -> list[float]:
+    """CPU ms of each chunk's ``advance_blocks`` call for ``models`` models (the whole stack, not per model)."""
+    import torch
+
+    from workers.segmented import SegmentedEngine, advance_blocks
+
+    sys.path.insert(0, str(HERE))
+    from many_models import gmm_chunks, gmm_model
+
+    engines = []
+    for i in range(models):
+        body = gmm_model(i)
+        engines.append(SegmentedEngine.create(body["family"], body["params"], body["sampler"]))
+    out = []
+    for c in gmm_chunks(chunks):
+        y = torch.tensor(c["y"], dtype=torch.float64)
+        t0 = time.process_time()
+        res = advance_blocks(engines, [(None, y)] * models)
+        out.append(1000 * (time.process_time() - t0))
+        bad = [r for r in res if isinstance(r, Exception)]
+        if bad:
+            raise bad[0]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=int, default=128)
+    ap.add_argument("--chunks", type=int, default=128)
+    ap.add_argument("--phases", default="1,20,40,100", help="chunk indices where a new phase starts (after 0)")
+    args = ap.parse_args()
+
+    import torch
+
+    from workers.runner import quiet_gc
+    from workers.worker.loop import warm_lazy_imports
+
+    torch.set_num_threads(1)  # as the worker (workers.config: torch_threads)
+    warm_lazy_imports()
+    quiet_gc()
+    lone = per_chunk(1, args.chunks)
+    stack = per_chunk(args.models, args.chunks)
+    K = args.models
+    bounds = [0, *(int(v) for v in args.phases.split(",") if 0 < int(v) < args.chunks), args.chunks]
+    print(f"one-component gmm, 5-value chunks, {K} models stacked against one alone (CPU ms)")
+    print("| chunks | values | lone ms/block | stacked ms/model-block | ratio | marginal ms/model-block |")
+    print("|---|---|---:|---:|---:|---:|")
+    for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+        one = statistics.fmean(lone[a:b])
+        many = statistics.fmean(stack[a:b])
+        marginal = (many - one) / (K - 1)
+        print(
+            f"| {a}-{b - 1} | {5 * a}-{5 * b - 1} | {one:.2f} | {many / K:.3f} | {one / (many / K):.1f}x | "
+            f"{marginal:.3f} |"
+        )
+    one, many = statistics.fmean(lone), statistics.fmean(stack)
+    print(f"| all | 0-{5 * args.chunks - 1} | {one:.2f} | {many / K:.3f} | {one / (many / K):.1f}x | "
+          f"{(many - one) / (K - 1):.3f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
