@@ -50,8 +50,16 @@ class Settings(BaseSettings):
         16,
         ge=1,
         description=(
-            "worker: with a backlog, a model's particle state is stored with the last chunk of each batch and at "
-            "least every this many chunks (the others commit everything but the state; a restore re-absorbs them)"
+            "worker: a model's particle state is stored at least every this many chunks (the others commit "
+            "everything but the state, and a restore re-absorbs them from the stream log)"
+        ),
+    )
+    checkpoint_seconds: float = Field(
+        0.05,
+        ge=0,
+        description=(
+            "worker: and with the last chunk of a batch once the model's engine seconds since its stored state "
+            "reach this (0: with the last chunk of every batch); chunks without it store the posterior's particles"
         ),
     )
     device: Literal["cpu", "cuda", "auto"] = Field(

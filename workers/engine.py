@@ -201,6 +201,19 @@ class ModelEngine:
         }
         return safetensors_bytes(tensors, {"sgais": self._header_prefix() + json.dumps(header)[1:]})
 
+    def view_bytes(self) -> bytes:
+        """The posterior's particles for the readers of a checkpoint (``GET …/posterior`` and ``…/predictive``:
+        :func:`read_checkpoint`): :meth:`to_bytes` with ``theta``, ``log_w``, ``context`` and the generator's state
+        (the predictive's simulations start from a copy of it) only: no velocities, anchors or history stream, so it
+        cannot restore the engine.  A live model stores it with each chunk whose full state is deferred
+        (:meth:`workers.worker.loop.Worker.commit_call`), and not the challengers' states."""
+        s = self._st
+        tensors = {"theta": s.theta, "log_w": s.log_w, "generator": self.generator.get_state()}
+        if s.context is not None:
+            tensors["context"] = s.context
+        header = {"observations": self.observations, "blocks": s.blocks, "view": True}
+        return safetensors_bytes(tensors, {"sgais": self._header_prefix() + json.dumps(header)[1:]})
+
     def _header_prefix(self) -> str:
         """The checkpoint header's first members (version, family, params, sampler) as JSON text up to the next
         member: the same text ``json.dumps`` gives inside the whole header, encoded once per family and settings
@@ -228,11 +241,14 @@ class ModelEngine:
         Raises
         ------
         ValueError
-            Unknown checkpoint version, or history missing and not rebuildable.
+            Unknown checkpoint version, history missing and not rebuildable, or a :meth:`view_bytes` (it holds
+            no random streams or velocities).
         """
         header = json.loads(_metadata(data)["sgais"])
         if header["version"] != CHECKPOINT_VERSION:
             raise ValueError(f"checkpoint version {header['version']} is not supported")
+        if header.get("view"):
+            raise ValueError("a posterior view (ModelEngine.view_bytes) cannot restore an engine")
         eng = cls(header["family"], header["params"], SamplerSettings(**header["sampler"]), _init_state=False)
         device = eng.settings.torch_device
         t = {k: v.to(device) for k, v in st_load(data).items()}
@@ -349,8 +365,8 @@ def posterior_summary(family: Family, theta: torch.Tensor, log_w: torch.Tensor, 
 
 def read_checkpoint(data: bytes) -> tuple[dict[str, Any], dict[str, torch.Tensor], Family]:
     """The header, tensors (``theta: [M, D]``, ``log_w: [M]``, ``generator``, ``context``, ...) and family of a
-    checkpoint written by :meth:`ModelEngine.to_bytes`, on the CPU, for read-only uses (posterior summaries,
-    the predictive); the history is not needed.
+    checkpoint written by :meth:`ModelEngine.to_bytes` or :meth:`ModelEngine.view_bytes`, on the CPU, for read-only
+    uses (posterior summaries, the predictive); the history is not needed.
 
     Raises
     ------

@@ -619,6 +619,10 @@ class SegmentedEngine:
     def to_bytes(self, *, include_history: bool = True) -> bytes:
         return self.main.to_bytes(include_history=include_history)
 
+    def view_bytes(self) -> bytes:
+        """The main population's :meth:`ModelEngine.view_bytes` (the current segment's posterior)."""
+        return self.main.view_bytes()
+
     def update(self, x: Any, y: Any, *, validated: bool = False, heartbeat: Callable[[], None] | None = None):
         """As :meth:`ModelEngine.update`; each BlockInfo's ``log_evidence`` is the reported one, and
         ``last_block`` / :meth:`take_alerts` give the block's change posterior and alerts.

@@ -9,7 +9,6 @@ import torch
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
-from redis.client import NEVER_DECODE
 
 from models.predictive import PredictiveError, predictive
 from service.deps import KeysDep, RedisDep, TenantDep
@@ -72,7 +71,7 @@ def predictive_from_bytes(data: bytes, *, x: Any, horizon: int) -> dict[str, Any
 
 async def _answer(model: str, r, keys, tenant: str, *, x: Any, horizon: int, where: str) -> dict[str, Any]:
     cfg = await store.get_model(r, keys, tenant, model)
-    state = await r.execute_command("HGET", keys.checkpoint(tenant, model), "state", **{NEVER_DECODE: True})
+    state = await store.latest_particles(r, keys.checkpoint(tenant, model))
     if state is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"model {model!r} has not been picked up by a worker yet")
     try:

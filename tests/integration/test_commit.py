@@ -309,7 +309,7 @@ def test_a_restore_re_absorbs_the_chunks_committed_without_their_state(settings,
             alerts = c.get("/v1/alerts", params={"model": stream}).json()["items"]
         return {"mid": ckpt, "final": final, "trace": trace, "alerts": alerts}
 
-    deferred = run("a", stop_after=7, checkpoint_every=16)
+    deferred = run("a", stop_after=7, checkpoint_every=16, checkpoint_seconds=0.0)
     mid = deferred["mid"]
     assert int(mid[b"chunks"]) == 7 and mid[b"state_cursor"] != mid[b"cursor"]  # the state stayed behind
     reference = run("b", stop_after=None, checkpoint_every=1)
@@ -321,6 +321,51 @@ def test_a_restore_re_absorbs_the_chunks_committed_without_their_state(settings,
     kinds = [(a["kind"], a["observation_index"]) for a in deferred["alerts"]]
     assert kinds == [(a["kind"], a["observation_index"]) for a in reference["alerts"]]
     assert ("change_point", 20) in kinds  # the change was confirmed, once, in the re-absorbed or later chunks
+
+
+def _engine_bytes(worker: Worker, name: str) -> tuple[bytes, bytes]:
+    """The engine state and challengers of the model ``name`` the worker holds (:meth:`SegmentedEngine.to_bytes`)."""
+    (h,) = [h for h in worker.leases.snapshot() if h.name == name]
+    return h.engine.to_bytes(include_history=False), h.engine.changepoint_bytes()
+
+
+def test_a_live_feed_stores_its_state_every_few_chunks_and_the_posterior_after_each(settings, r):
+    """A live feed (each chunk absorbed before the next arrives) stores the particle state only every
+    ``checkpoint_every`` chunks while the engine seconds since it stay below ``checkpoint_seconds``
+    (Worker.state_due); every other chunk stores the posterior's particles (``view``), so the posterior and
+    predictive routes answer for the last committed chunk, as with a state stored every chunk; a worker that dies
+    then is succeeded by one that re-absorbs the chunks since the state and ends with the same bits."""
+    chunks = _shifted_chunks(10)
+
+    def run(stream: str, **overrides) -> dict:
+        s = settings.model_copy(update={"key_prefix": f"{settings.key_prefix}:{stream}", **overrides})
+        keys = Keys(s.key_prefix)
+        out: dict = {"posteriors": [], "predictives": [], "deferred": 0}
+        with api_with_models(s, {stream: GMM}, stream=stream) as c:
+            first = Worker(s)
+            for i, body in enumerate(chunks):
+                assert c.post(f"/v1/streams/{stream}/chunks", json=body).status_code == 202
+                run_until_idle(first)
+                ckpt = r.hgetall(keys.checkpoint("default", stream))
+                assert int(ckpt[b"chunks"]) == i + 1
+                out["deferred"] += ckpt[b"state_cursor"] != ckpt[b"cursor"]
+                out["posteriors"].append(c.get(f"/v1/models/{stream}/posterior").json())
+                pred = c.get(f"/v1/models/{stream}/predictive").json()
+                out["predictives"].append({k: v for k, v in pred.items() if k not in ("model", "stream")})
+            before = _engine_bytes(first, stream)
+            die(first)  # nothing flushed
+            second = Worker(s)
+            run_until_idle(second)  # restores and re-absorbs the chunks since the stored state
+            assert _engine_bytes(second, stream) == before
+            second.shutdown()
+        return out
+
+    live = run("live", checkpoint_every=4, checkpoint_seconds=1e9)
+    every = run("every", checkpoint_every=1)
+    assert live["deferred"] == 8 and every["deferred"] == 0  # chunks 4 and 8 of 10 stored it
+    assert all(a != b for a, b in zip(live["posteriors"], live["posteriors"][1:], strict=False))  # none stale
+    assert live["posteriors"] == every["posteriors"]
+    assert live["predictives"] == every["predictives"]
 
 
 def test_the_stream_observation_set_follows_commits_errors_and_deletes(api, settings, r):

@@ -98,13 +98,20 @@ async def trace(
 
 
 async def checkpoint_state(r: aioredis.Redis, keys: Keys, tenant: str, model: str) -> bytes:
-    """The model's engine state (safetensors bytes).  Raises NotFound (no model), NotReady (no worker has
-    picked the model up yet)."""
+    """The model's particles after its last committed chunk (safetensors bytes, :func:`workers.engine.read_checkpoint`):
+    the checkpoint's ``view`` when the worker deferred the full state (:meth:`workers.worker.loop.Worker.state_due`),
+    else its ``state``.  Raises NotFound (no model), NotReady (no worker has picked the model up yet)."""
     await get_model(r, keys, tenant, model)
-    state = await r.execute_command("HGET", keys.checkpoint(tenant, model), "state", **{NEVER_DECODE: True})
+    state = await latest_particles(r, keys.checkpoint(tenant, model))
     if state is None:
         raise NotReady(f"model {model!r} has not been picked up by a worker yet")
     return state
+
+
+async def latest_particles(r: aioredis.Redis, checkpoint_key: str) -> bytes | None:
+    """The checkpoint's ``view`` if it has a non-empty one, else its ``state`` (None before the first commit)."""
+    view, state = await r.execute_command("HMGET", checkpoint_key, "view", "state", **{NEVER_DECODE: True})
+    return view or state
 
 
 async def stream_meta(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> tuple[dict[str, str], list[str]]:

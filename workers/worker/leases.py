@@ -160,6 +160,7 @@ class Held:
     cursor: bytes = b"0-0"  # id of the last applied stream-log entry
     chunks: int = 0
     unsaved: int = 0  # chunks committed since the checkpoint's state blob was stored (Worker.commit_call)
+    unsaved_seconds: float = 0.0  # their engine seconds (the trace rows' ``seconds``)
     detector: dict[str, Any] = field(default_factory=dict)
     detector_text: WindowText = field(default_factory=WindowText, repr=False)  # detect.state_json's last window
     lost: bool = False  # set by the heartbeat when a renewal found the lease gone

@@ -4,9 +4,10 @@
 per chunk (:meth:`workers.store.commit.Scripts.commit`) that stores the checkpoint, moves the cursor and
 writes trace rows, alerts, metrics and events atomically; when the stream's common observation count
 moved, the stream posterior (:mod:`~workers.worker.posterior`).  A chunk is applied iff the cursor moved
-past it in the script that stored the new state, so a worker killed at any moment loses nothing and counts
-nothing twice; a restart reproduces the same values bit for bit.  A heartbeat thread renews the leases
-while blocks run.
+past it in the script that stored the new checkpoint (the particle state itself at least every few chunks,
+:meth:`Worker.state_due`; a restore re-absorbs the chunks after it from the stream log), so a worker killed at any
+moment loses nothing and counts nothing twice; a restart reproduces the same values bit for bit.  A heartbeat thread
+renews the leases while blocks run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -430,7 +432,8 @@ class Worker(quarantine.QuarantineHooks):
                 if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
                     found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
                 rows = [b.row for b in c.blocks]
-                call = self.commit_call(h, c.entry_id, c.seq, rows, found, with_state=self.state_due(h, defer))
+                seconds = sum(row["seconds"] for row in rows)
+                call = self.commit_call(h, c.entry_id, c.seq, rows, found, with_state=self.state_due(h, defer, seconds))
                 staged.append((c, rows, found, call))
             except Exception as err:
                 self.failed(h, err)
@@ -489,10 +492,22 @@ class Worker(quarantine.QuarantineHooks):
             raise LeaseLost(h.name, blocks=len(rows)) from err
         self.committed(h, cursor, seq, rows, found, state, with_state=True)
 
-    def state_due(self, h: Held, defer: Collection[str]) -> bool:
-        """Whether ``h``'s next commit stores its state blob: unless the batch holds more of its chunks
-        (``defer``), and at least every ``checkpoint_every`` chunks."""
-        return h.ref not in defer or h.unsaved + 1 >= self.s.checkpoint_every
+    def state_due(self, h: Held, defer: Collection[str], seconds: float = math.inf) -> bool:
+        """Whether ``h``'s next commit, of a chunk that took ``seconds`` of engine time, stores its state blob: at
+        least every ``checkpoint_every`` chunks, and with the last chunk of a batch (not in ``defer``) once the
+        engine seconds since the stored state reach ``checkpoint_seconds``.
+
+        Why: a live feed's small chunks each came with the whole state (every population's particles, velocities,
+        anchors and two generator states of 5 kB), most of a light model's commit work: 116 of 563 µs of worker
+        CPU per model and chunk at 128 one-component gmm models past their warm-up (``python bench/worker_costs.py
+        --warm 100 --per-chunk``).  A restore re-absorbs the chunks committed since from the stream log, bit for
+        bit (:func:`workers.worker.restore.catch_up`): at most ``checkpoint_every − 1`` chunks and about
+        ``checkpoint_seconds`` of engine time per model (its stacked share: alone a block costs more).  The chunks
+        without it store :meth:`~workers.engine.ModelEngine.view_bytes`, so the posterior and predictive
+        routes read the particles after every chunk."""
+        if h.unsaved + 1 >= self.s.checkpoint_every:
+            return True
+        return h.ref not in defer and h.unsaved_seconds + seconds >= self.s.checkpoint_seconds
 
     def commit_call(
         self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict], *, with_state: bool = True
@@ -503,8 +518,9 @@ class Worker(quarantine.QuarantineHooks):
         populations: most of a small model's commit work) is left as stored, at ``state_cursor``, and everything
         else moves to ``cursor`` as always: the chunk is committed exactly once (its rows, events, alerts,
         detector, counters), and a restore re-absorbs the chunks after ``state_cursor`` from the stream log,
-        bit for bit (:func:`workers.worker.restore.restore`).  The worker stores the state with the last chunk
-        of each model's batch, so only a backlog defers it (by fewer than ``checkpoint_every`` chunks).
+        bit for bit (:func:`workers.worker.restore.restore`); ``view`` then holds the posterior's particles after
+        the chunk (:meth:`~workers.engine.ModelEngine.view_bytes`, empty when the state is current).  When the
+        state is due: :meth:`state_due`.
         """
         eng = h.engine
         assert eng is not None
@@ -524,8 +540,11 @@ class Worker(quarantine.QuarantineHooks):
         if with_state:
             ckpt["state"] = eng.to_bytes(include_history=False)
             ckpt["state_cursor"] = cursor
+            ckpt["view"] = ""  # the readers take the state
             if isinstance(eng, SegmentedEngine):  # challengers and segment bookkeeping (issue 12)
                 ckpt["changepoint"] = eng.changepoint_bytes()
+        else:  # the posterior's particles after this chunk, for the posterior and predictive routes
+            ckpt["view"] = eng.view_bytes()
         # the evidence event after each block: the chunk counts as processed with its last block
         events = []
         for i, (row, block) in enumerate(zip(rows, blocks, strict=True)):
@@ -559,6 +578,7 @@ class Worker(quarantine.QuarantineHooks):
         """After ``h``'s commit: its cursor, the alert counters, the stream posterior when the count moved."""
         h.cursor, h.chunks = cursor, seq
         h.unsaved = 0 if with_state else h.unsaved + 1
+        h.unsaved_seconds = 0.0 if with_state else h.unsaved_seconds + sum(row["seconds"] for row in rows)
         for a in found:
             ALERTS.labels(a["kind"]).inc()
         self.update_stream_posterior(h, state, rows)
