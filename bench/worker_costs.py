@@ -1,6 +1,6 @@
 """Where the worker's CPU goes per model-block outside the engine, measured in process (issue 9, acceptance 1).
 
-    python bench/worker_costs.py [--models 128] [--warm 100] [--chunks 20] [--per-chunk] [--redis-url URL]
+    python bench/worker_costs.py [--models 128] [--warm 100] [--chunks 20] [--per-chunk] [--restore] [--redis-url URL]
 
 The models and data of ``bench/many_models.py --part gmm`` (one-component gmm models, one stream, 5-value
 chunks, change-point challengers on), registered and posted through the API app in this process (no HTTP
@@ -12,7 +12,10 @@ one pass per chunk (a state stored with every chunk).
 The collector runs with the worker process's settings (:func:`workers.runner.quiet_gc`; without them it took about
 a quarter of the time, session 24).  Prints the worker thread's CPU per model-block (``time.thread_time``: the API's
 posting is not counted), in ``workers.segmented.advance_blocks`` (the engine) and outside it, then the CPU of the
-main bookkeeping steps (each wrapped, so about 1 µs a call is the wrapper's), per model-block.  Runs against any
+main bookkeeping steps (each wrapped, so about 1 µs a call is the wrapper's), per model-block.  With ``--restore``
+the worker then dies (its leases and heartbeat dropped, nothing flushed) and a new one restores every model: the new
+worker's CPU per model, and how many committed chunks each had to re-absorb since its stored state (a failover's
+cost, ``workers.worker.loop.Worker.state_due``).  Runs against any
 code base with the same worker API (``PYTHONPATH``), so two can be compared alternately on a noisy machine.
 """
 
@@ -81,13 +84,19 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=20)
     ap.add_argument("--per-chunk", action="store_true", help="one worker pass per posted chunk")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    ap.add_argument(
+        "--restore",
+        action="store_true",
+        help="then the worker dies (its leases and heartbeat dropped) and a new one restores every model: its CPU",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     for owner, name, label in STEPS:
         timed(owner, name, label)
     settings = Settings(redis_url=args.redis_url, key_prefix=f"worker-costs-{uuid.uuid4().hex[:8]}", api_keys="")
     data = gmm_chunks(args.warm + args.chunks)
-    step_cpu = 0.0
+    step_cpu = restore_cpu = 0.0
+    unsaved: list[int] = []
     try:
         with TestClient(create_app(settings, workers=0)) as c:
             for i in range(args.models):
@@ -111,6 +120,20 @@ def main() -> None:
             feed(data[: args.warm], args.per_chunk)
             CPU.clear()
             step_cpu = feed(data[args.warm :], args.per_chunk)
+            if args.restore:
+                unsaved = [h.unsaved for h in worker.leases.snapshot()]
+                for h in worker.leases.snapshot():  # the worker dies: its leases and heartbeat expire
+                    worker.r.delete(worker.keys.lease(h.tenant, h.name))
+                worker.r.delete(worker.keys.worker(worker.id))
+                worker.r.zrem(worker.keys.workers, worker.id)
+                second = Worker(settings)
+                second.heartbeat()
+                t0 = time.thread_time()
+                second.scan()
+                while second.step():
+                    pass
+                restore_cpu = time.thread_time() - t0
+                assert len(second.leases.snapshot()) == args.models
     finally:
         r = redis.Redis.from_url(args.redis_url)
         keys = list(r.scan_iter(match=f"{settings.key_prefix}:*", count=1000))
@@ -126,6 +149,11 @@ def main() -> None:
     )
     for _, _, label in STEPS[1:]:
         print(f"  {label:44s} {1e6 * CPU[label] / n:7.1f} us")
+    if args.restore:
+        print(
+            f"restore by a new worker: {1000 * restore_cpu / args.models:.2f} ms of CPU per model; chunks committed "
+            f"since the stored state: mean {sum(unsaved) / len(unsaved):.1f}, largest {max(unsaved)}"
+        )
 
 
 if __name__ == "__main__":
