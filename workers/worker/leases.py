@@ -161,6 +161,8 @@ class Held:
     chunks: int = 0
     unsaved: int = 0  # chunks committed since the checkpoint's state blob was stored (Worker.commit_call)
     unsaved_seconds: float = 0.0  # their engine seconds (the trace rows' ``seconds``)
+    # after a restore, the last committed entry the engine has absorbed while it is behind the cursor (None: at it)
+    replay_from: bytes | None = None
     detector: dict[str, Any] = field(default_factory=dict)
     detector_text: WindowText = field(default_factory=WindowText, repr=False)  # detect.state_json's last window
     lost: bool = False  # set by the heartbeat when a renewal found the lease gone

@@ -220,7 +220,9 @@ class Worker(quarantine.QuarantineHooks):
         h.cfg = json.loads(self.r.get(self.keys.model(h.tenant, h.name)) or b"{}")
         ckpt_cursor = self.r.hget(self.keys.checkpoint(h.tenant, h.name), "cursor") or b"0-0"
         self.begin_attempt(h, ckpt_cursor, "restore")  # a restore may crash the worker too
-        restored = restore(self.r, self.keys, h)
+        # the chunks committed after the stored state are re-absorbed in the rounds, stacked with the other models'
+        # work (absorb_round), not here one model at a time
+        restored = restore(self.r, self.keys, h, catch_up_now=False)
         if restored is None:
             return False
         self.end_attempt(h)  # restored: the attempt is given back
@@ -261,7 +263,8 @@ class Worker(quarantine.QuarantineHooks):
         """
         # the pending entries (read once per stream and cursor: the models of a stack share both) and each
         # model's attempt record (cursor, attempts), in one round trip
-        reads = list(dict.fromkeys((self.keys.log(h.tenant, h.stream), h.cursor) for h in models))
+        # (from the stored state's entry while a restored model re-absorbs the chunks committed after it: _read_from)
+        reads = list(dict.fromkeys((self.keys.log(h.tenant, h.stream), _read_from(h)) for h in models))
         pipe = self.r.pipeline(transaction=False)
         for log_key, cursor in reads:
             pipe.xrange(log_key, b"(" + cursor, "+", count=self.s.read_batch)
@@ -270,7 +273,7 @@ class Worker(quarantine.QuarantineHooks):
         got = pipe.execute()
         entries = dict(zip(reads, got[: len(reads)], strict=True))
         records_of = dict(zip((h.ref for h in models), got[len(reads) :], strict=True))
-        pending = {h.ref: entries[(self.keys.log(h.tenant, h.stream), h.cursor)] for h in models}
+        pending = {h.ref: entries[(self.keys.log(h.tenant, h.stream), _read_from(h))] for h in models}
         # a model with an attempt at its current cursor: a worker died while it ran, or it failed and is retried
         suspects = [] if alone else [
             h for h in models
@@ -349,8 +352,9 @@ class Worker(quarantine.QuarantineHooks):
                 assert h.engine is not None
                 x, y = chunks.get(self.keys.log(h.tenant, h.stream), entry_id, fields, h.engine.family, h.layout())
                 first, n, size = h.engine.observations, int(y.shape[0]), h.engine.settings.block_size
+                replay = h.replay_from is not None and _entry_id(entry_id) <= _entry_id(h.cursor)
                 work.append(_Chunk(h, entry_id, fields, int(fields[b"seq"]), int(fields[b"first_index"]), x, y,
-                                   block_bounds(first, n, size)))  # fmt: skip
+                                   block_bounds(first, n, size), replay=replay))  # fmt: skip
             except Exception as err:
                 self.failed(h, err)
         alive = work
@@ -412,7 +416,9 @@ class Worker(quarantine.QuarantineHooks):
             except Exception as err:
                 self.failed(h, err)
                 continue
-            if h.cursor == cursor:  # else the next pass reads from the restored cursor
+            if c.replay:  # committed before: the restore above re-absorbed it (and every chunk to the cursor)
+                done.append(h.ref)
+            elif h.cursor == cursor:  # else the next pass reads from the restored cursor
                 done += self.absorb_round([(h, (c.entry_id, c.fields))])
         return done
 
@@ -422,6 +428,8 @@ class Worker(quarantine.QuarantineHooks):
         order and atomically), then the stream posterior at each count a stream moved to, once,
         from the state the last script that saw that count read.  Returns the refs of the models that committed
         (the others failed or lost their lease, handled)."""
+        replayed = [c.h.ref for c in chunks if c.replay and _replayed(c)]
+        chunks = [c for c in chunks if not c.replay]
         staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = []
         for c in chunks:
             h = c.h
@@ -438,7 +446,7 @@ class Worker(quarantine.QuarantineHooks):
             except Exception as err:
                 self.failed(h, err)
         if not staged:
-            return []
+            return replayed
         try:
             replies = self.scripts.commit_many([call for *_, call in staged])
         except Exception as err:  # nothing is known of any commit (e.g. Redis unavailable: re-raised)
@@ -471,7 +479,7 @@ class Worker(quarantine.QuarantineHooks):
                 BLOCK_SECONDS.observe(row["seconds"])
             c.h.load.add(sum(row["seconds"] for row in rows), time.monotonic())  # the cost-weighted shares
             done.append(c.h.ref)
-        return done
+        return replayed + done
 
     def commit(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> None:
         """Store checkpoint + cursor + trace rows + histogram + alerts + events in ONE fenced Lua script
@@ -504,10 +512,10 @@ class Worker(quarantine.QuarantineHooks):
         bit (:func:`workers.worker.restore.catch_up`): at most ``checkpoint_every − 1`` chunks and about
         ``checkpoint_seconds`` of engine time per model (its stacked share: alone a block costs more).  The chunks
         without it store :meth:`~workers.engine.ModelEngine.view_bytes`, so the posterior and predictive
-        routes read the particles after every chunk.  The price is a slower failover: a new worker restored those
-        128 models in 23.4 ms of CPU each with 8 chunks to re-absorb, against 7.1 ms with the state stored every
-        chunk (``python bench/worker_costs.py --warm 100 --per-chunk --restore``; about 2 ms per chunk re-absorbed,
-        each model alone); ``checkpoint_every`` bounds it."""
+        routes read the particles after every chunk.  The price is a failover's re-absorbing: a new worker restored
+        those 128 models in 8.95 ms of CPU each with 8 chunks to re-absorb, stacked in its rounds (:meth:`load`),
+        against 7.1 ms with the state stored every chunk, and 23.4 ms re-absorbing each model alone
+        (``python bench/worker_costs.py --warm 100 --per-chunk --restore``); ``checkpoint_every`` bounds it."""
         if h.unsaved + 1 >= self.s.checkpoint_every:
             return True
         return h.ref not in defer and h.unsaved_seconds + seconds >= self.s.checkpoint_seconds
@@ -637,6 +645,25 @@ class _Chunk:
     bounds: list[tuple[int, int]]
     blocks: list[Block] = field(default_factory=list)
     failed: bool = False
+    replay: bool = False  # committed before: re-absorbed after a restore, not committed again (_replayed)
+
+
+def _read_from(h: Held) -> bytes:
+    """The stream-log entry after which ``h``'s next chunks are read: its cursor, or while a restored model still
+    re-absorbs the chunks committed after its stored state, the last of them it absorbed."""
+    return h.cursor if h.replay_from is None else h.replay_from
+
+
+def _replayed(c: _Chunk) -> bool:
+    """After a chunk committed before and re-absorbed (:func:`workers.worker.restore.restore` with ``catch_up_now``
+    false, then the rounds): nothing is committed again (its rows, events, alerts and detector update were), the
+    model counts one more chunk since its stored state, and reads on from it.  True (the model goes on)."""
+    h = c.h
+    h.unsaved += 1
+    h.replay_from = None if c.entry_id == h.cursor else c.entry_id
+    if isinstance(h.engine, SegmentedEngine):
+        h.engine.take_alerts()  # its change-point alerts were committed with the chunk
+    return True
 
 
 def _entry_id(entry: bytes) -> tuple[int, int]:

@@ -1,9 +1,9 @@
 """Restore a freshly leased model: its config, and its engine from the checkpoint (the history rebuilt
 by replaying the stream log up to the cursor, DESIGN.md §2) or a new engine.
 
-The checkpoint's engine state may be a few chunks behind its cursor (a backlog defers it:
-:meth:`workers.worker.loop.Worker.commit_call`): those chunks are re-absorbed from the stream log as the
-worker absorbed them (same blocks, :func:`~workers.worker.blocks.absorb_chunk`), so the engine ends bit for bit
+The checkpoint's engine state may be a few chunks behind its cursor (:meth:`workers.worker.loop.Worker.state_due`):
+those chunks are re-absorbed from the stream log as the worker absorbed them (the same blocks; here by
+:func:`~workers.worker.blocks.absorb_chunk`, or in the worker's stacked rounds), so the engine ends bit for bit
 where it was when the cursor moved; their rows, events and alerts were committed then and are not repeated."""
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ from workers.worker.blocks import absorb_chunk
 from workers.worker.leases import Held
 
 
-def restore(r: redis.Redis, keys: Keys, h: Held) -> bool | None:
+def restore(r: redis.Redis, keys: Keys, h: Held, *, catch_up_now: bool = True) -> bool | None:
     """Fill ``h`` (config, engine, cursor, chunk count, detector state) from Redis.
+
+    The engine is at the checkpoint's stored state, which may be behind its cursor; ``catch_up_now`` re-absorbs the
+    chunks between (:func:`catch_up`), else ``h.replay_from`` says where the caller's rounds read from to re-absorb
+    them (:meth:`workers.worker.loop.Worker.absorb_round`: stacked with the other models' work; a new worker
+    restoring 128 models with 8 such chunks each spent 8.95 ms of CPU per model so, 23.4 ms one at a time).
 
     Returns None when the model is gone, True when it was restored from a checkpoint, False when it is
     new (a fresh engine at the start of the stream: the caller commits its initial checkpoint).
@@ -46,7 +51,11 @@ def restore(r: redis.Redis, keys: Keys, h: Held) -> bool | None:
         h.engine = SegmentedEngine.restore(
             ckpt[b"state"], ckpt.get(b"changepoint"), changepoint_settings(h.cfg), lambda: replay(r, keys, h, at)
         )
-        h.unsaved = catch_up(r, keys, h, at)
+        h.replay_from = None
+        if catch_up_now:
+            h.unsaved = catch_up(r, keys, h, at)
+        else:
+            h.unsaved, h.replay_from = 0, (None if at == h.cursor else at)
         return True
     h.engine = SegmentedEngine.create(h.cfg["family"], h.cfg["params"], h.cfg["sampler"], changepoint_settings(h.cfg))
     h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
