@@ -333,39 +333,50 @@ def test_a_live_feed_stores_its_state_every_few_chunks_and_the_posterior_after_e
     """A live feed (each chunk absorbed before the next arrives) stores the particle state only every
     ``checkpoint_every`` chunks while the engine seconds since it stay below ``checkpoint_seconds``
     (Worker.state_due); every other chunk stores the posterior's particles (``view``), so the posterior and
-    predictive routes answer for the last committed chunk, as with a state stored every chunk; a worker that dies
-    then is succeeded by one that re-absorbs the chunks since the state and ends with the same bits."""
-    chunks = _shifted_chunks(10)
+    predictive routes answer for the last committed chunk, as with a state stored every chunk.  A worker that dies
+    then is succeeded by one that re-absorbs both models' chunks since their states in its stacked rounds (not
+    committed again) and ends with the same bits, then goes on with the next chunk."""
+    chunks = _shifted_chunks(11)
+    other = {**GMM, "sampler": {**GMM["sampler"], "seed": 6}}
 
     def run(stream: str, **overrides) -> dict:
         s = settings.model_copy(update={"key_prefix": f"{settings.key_prefix}:{stream}", **overrides})
         keys = Keys(s.key_prefix)
+        names = [stream, f"{stream}-b"]
         out: dict = {"posteriors": [], "predictives": [], "deferred": 0}
-        with api_with_models(s, {stream: GMM}, stream=stream) as c:
+        with api_with_models(s, {names[0]: GMM, names[1]: other}, stream=stream) as c:
             first = Worker(s)
-            for i, body in enumerate(chunks):
+            for i, body in enumerate(chunks[:10]):
                 assert c.post(f"/v1/streams/{stream}/chunks", json=body).status_code == 202
                 run_until_idle(first)
-                ckpt = r.hgetall(keys.checkpoint("default", stream))
-                assert int(ckpt[b"chunks"]) == i + 1
-                out["deferred"] += ckpt[b"state_cursor"] != ckpt[b"cursor"]
-                out["posteriors"].append(c.get(f"/v1/models/{stream}/posterior").json())
-                pred = c.get(f"/v1/models/{stream}/predictive").json()
-                out["predictives"].append({k: v for k, v in pred.items() if k not in ("model", "stream")})
-            before = _engine_bytes(first, stream)
+                for name in names:
+                    ckpt = r.hgetall(keys.checkpoint("default", name))
+                    assert int(ckpt[b"chunks"]) == i + 1
+                    out["deferred"] += ckpt[b"state_cursor"] != ckpt[b"cursor"]
+                    out["posteriors"].append(c.get(f"/v1/models/{name}/posterior").json())
+                    pred = c.get(f"/v1/models/{name}/predictive").json()
+                    out["predictives"].append({k: v for k, v in pred.items() if k not in ("model", "stream")})
+            before = [_engine_bytes(first, name) for name in names]
             die(first)  # nothing flushed
             second = Worker(s)
-            run_until_idle(second)  # restores and re-absorbs the chunks since the stored state
-            assert _engine_bytes(second, stream) == before
+            run_until_idle(second)  # restores, then re-absorbs the chunks since the stored states, stacked
+            assert [_engine_bytes(second, name) for name in names] == before
+            assert c.post(f"/v1/streams/{stream}/chunks", json=chunks[10]).status_code == 202
+            run_until_idle(second)
+            for name in names:
+                trace = c.get(f"/v1/models/{name}/trace", params={"limit": 1000}).json()["items"]
+                assert trace[-1]["seq"] == 11 and len(trace) == len({row["first_index"] for row in trace})
+                out.setdefault("traces", []).append(strip(trace))
             second.shutdown()
         return out
 
     live = run("live", checkpoint_every=4, checkpoint_seconds=1e9)
     every = run("every", checkpoint_every=1)
-    assert live["deferred"] == 8 and every["deferred"] == 0  # chunks 4 and 8 of 10 stored it
-    assert all(a != b for a, b in zip(live["posteriors"], live["posteriors"][1:], strict=False))  # none stale
+    assert live["deferred"] == 16 and every["deferred"] == 0  # chunks 4 and 8 of 10 stored them
+    assert all(a != b for a, b in zip(live["posteriors"][::2], live["posteriors"][2::2], strict=False))  # none stale
     assert live["posteriors"] == every["posteriors"]
     assert live["predictives"] == every["predictives"]
+    assert live["traces"] == every["traces"]
 
 
 def test_the_stream_observation_set_follows_commits_errors_and_deletes(api, settings, r):
