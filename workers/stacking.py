@@ -268,9 +268,7 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
         assert st is not None
         dtype, device = s.torch_dtype, s.torch_device
         x = x.to(dtype=dtype, device=device) if x is not None else None
-        if y.dtype is not dtype or y.device != device:
-            y = y.to(dtype=dtype, device=device)
-        xr, yr, context = m.family.prepare(x, y, st.context)
+        xr, yr, context = m.family.prepare(x, y.to(dtype=dtype, device=device), st.context)
         if yr.shape[0] == 0:  # every value went into the conditioning context
             _take_context(m, st, context, y.shape[0])
             out[i] = BlockInfo(0, 0.0, st.log_evidence, 0, st.ess, False, False,
