@@ -97,7 +97,8 @@ class StreamPosteriors:
             states[m] = records.model_state(conf, obs, status, None, context=self._context(t, m, conf))
             rows_n[m] = records.trace_row_at([raw_row], count) if raw_row else None
         own = getattr(h.engine, "degraded", None)  # the script read h's status before this commit wrote it
-        if h.name in states and h.engine is not None:
+        # (not while a restored engine is still behind its cursor, re-absorbing: the stored status is then the newer)
+        if h.name in states and h.engine is not None and h.replay_from is None:
             states[h.name].update(status="degraded" if own else "ok", error=own or None)
         for row in rows:
             if row["observations"] == count:
