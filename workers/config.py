@@ -58,8 +58,9 @@ class Settings(BaseSettings):
         0.05,
         ge=0,
         description=(
-            "worker: and with the last chunk of a batch once the model's engine seconds since its stored state "
-            "reach this (0: with the last chunk of every batch); chunks without it store the posterior's particles"
+            "worker: the particle state is also stored with the last chunk of a batch once the model's engine "
+            "seconds since it was last stored reach this (0: with the last chunk of every batch); chunks stored "
+            "without it store the posterior's particles for the posterior and predictive routes"
         ),
     )
     device: Literal["cpu", "cuda", "auto"] = Field(

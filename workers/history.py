@@ -67,22 +67,17 @@ class History:
         B = y.shape[0]
         if B == 0:
             return
-        # (the dtype checks and narrow/copy_ are cheaper Python calls than .to and slice assignment: every
-        # population of a round appends its block, hundreds per round at 128 models)
-        if x is not None and x.dtype is not self.dtype:
-            x = x.to(self.dtype)
-        if y.dtype is not self.dtype:
-            y = y.to(self.dtype)
-        if self.y is None or self.size + B > self.y.shape[0]:
-            self._ensure(x, y, B)
+        x = x.to(self.dtype, copy=False) if x is not None else None
+        y = y.to(self.dtype, copy=False)
+        self._ensure(x, y, B)
         buf_x, buf_y = self.x, self.y
         assert buf_y is not None  # allocated by _ensure
         take = B if self.capacity is None else max(0, min(B, self.capacity - self.size))
         if take:
-            buf_y.narrow(0, self.size, take).copy_(y if take == B else y[:take])
+            buf_y[self.size : self.size + take] = y[:take]
             if buf_x is not None:
                 assert x is not None  # a history with covariates gets blocks with covariates
-                buf_x.narrow(0, self.size, take).copy_(x if take == B else x[:take])
+                buf_x[self.size : self.size + take] = x[:take]
             self.size += take
             self.seen += take
         # Algorithm R for the rest: row with global index t replaces slot j ~ U{0..t} if j < capacity.

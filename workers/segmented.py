@@ -190,10 +190,7 @@ def advance_blocks(
         sub = []
         for k in idx:
             (xb, yb), (a, b) = blocks[k], parts[k][j]
-            if a == 0 and (b is None or b == yb.shape[0]):  # the whole block (no ramp): no slicing calls
-                sub.append((xb, yb))
-            else:
-                sub.append(((xb[a:b] if xb is not None else None), yb[a:b]))
+            sub.append(((xb[a:b] if xb is not None else None), yb[a:b]))
         for k, res in zip(idx, _advance_once([engines[k] for k in idx], sub, heartbeat), strict=True):
             prev = out[k]
             out[k] = _merged(prev, res) if isinstance(prev, BlockInfo) and isinstance(res, BlockInfo) else res

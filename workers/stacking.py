@@ -129,26 +129,10 @@ def stack_key(model: Model) -> tuple[Any, ...]:
     return (stack_key_of(model.family), *_settings_key(model.settings))
 
 
-#: id(settings) -> (settings, its :func:`_settings_key`): found by identity, without hashing the settings (a pydantic
-#: model hashes and compares every field: 2% of the engine at 128 models, each with its own settings); the entry keeps
-#: its settings alive, so an id is not reused while it is cached
-_KEYS_BY_ID: dict[int, tuple[SamplerSettings, tuple[Any, ...]]] = {}
-
-
-def _settings_key(s: SamplerSettings) -> tuple[Any, ...]:
-    """The part of :func:`stack_key` from the (frozen, hashable) sampler settings, computed once per settings
-    object (and once per distinct value): every round groups its models by it."""
-    hit = _KEYS_BY_ID.get(id(s))
-    if hit is not None and hit[0] is s:
-        return hit[1]
-    if len(_KEYS_BY_ID) >= 65536:
-        _KEYS_BY_ID.clear()
-    key = _KEYS_BY_ID[id(s)] = (s, _settings_key_of(s))
-    return key[1]
-
-
 @functools.lru_cache(maxsize=4096)
-def _settings_key_of(s: SamplerSettings) -> tuple[Any, ...]:
+def _settings_key(s: SamplerSettings) -> tuple[Any, ...]:
+    """The part of :func:`stack_key` from the (frozen, hashable) sampler settings, computed once per distinct
+    settings: every round groups its models by it."""
     rest = tuple(sorted((k, v) for k, v in s.model_dump().items() if k not in PER_MODEL_SETTINGS))
     return (rest, str(s.torch_dtype), str(s.torch_device))
 
@@ -227,10 +211,7 @@ def advance_stack(
         for i, (m, (x, y)) in enumerate(zip(models, data, strict=True)):
             a, b = r * m.settings.block_size, (r + 1) * m.settings.block_size
             if a < y.shape[0] and isinstance(results[i], list):
-                if a == 0 and b >= y.shape[0]:  # the whole chunk: no slicing calls (a live feed's usual case)
-                    todo.append((i, x, y))
-                else:
-                    todo.append((i, x[a:b] if x is not None else None, y[a:b]))
+                todo.append((i, x[a:b] if x is not None else None, y[a:b]))
         infos = _advance_round([models[i] for i, _, _ in todo], [(x, y) for _, x, y in todo], heartbeat)
         for (i, _, _), info in zip(todo, infos, strict=True):
             res = results[i]

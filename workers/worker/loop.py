@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import secrets
 import socket
@@ -428,7 +427,10 @@ class Worker(quarantine.QuarantineHooks):
         order and atomically), then the stream posterior at each count a stream moved to, once,
         from the state the last script that saw that count read.  Returns the refs of the models that committed
         (the others failed or lost their lease, handled)."""
-        replayed = [c.h.ref for c in chunks if c.replay and _replayed(c)]
+        replayed = []
+        for c in [c for c in chunks if c.replay]:
+            _replayed(c)
+            replayed.append(c.h.ref)
         chunks = [c for c in chunks if not c.replay]
         staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = []
         for c in chunks:
@@ -500,7 +502,7 @@ class Worker(quarantine.QuarantineHooks):
             raise LeaseLost(h.name, blocks=len(rows)) from err
         self.committed(h, cursor, seq, rows, found, state, with_state=True)
 
-    def state_due(self, h: Held, defer: Collection[str], seconds: float = math.inf) -> bool:
+    def state_due(self, h: Held, defer: Collection[str], seconds: float) -> bool:
         """Whether ``h``'s next commit, of a chunk that took ``seconds`` of engine time, stores its state blob: at
         least every ``checkpoint_every`` chunks, and with the last chunk of a batch (not in ``defer``) once the
         engine seconds since the stored state reach ``checkpoint_seconds``.
@@ -654,16 +656,15 @@ def _read_from(h: Held) -> bytes:
     return h.cursor if h.replay_from is None else h.replay_from
 
 
-def _replayed(c: _Chunk) -> bool:
+def _replayed(c: _Chunk) -> None:
     """After a chunk committed before and re-absorbed (:func:`workers.worker.restore.restore` with ``catch_up_now``
     false, then the rounds): nothing is committed again (its rows, events, alerts and detector update were), the
-    model counts one more chunk since its stored state, and reads on from it.  True (the model goes on)."""
+    model counts one more chunk since its stored state, and reads on from it."""
     h = c.h
     h.unsaved += 1
     h.replay_from = None if c.entry_id == h.cursor else c.entry_id
     if isinstance(h.engine, SegmentedEngine):
         h.engine.take_alerts()  # its change-point alerts were committed with the chunk
-    return True
 
 
 def _entry_id(entry: bytes) -> tuple[int, int]:
