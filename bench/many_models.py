@@ -1,7 +1,7 @@
 """Many models on one worker, fed live over HTTP through a real ``sgais serve`` (issue 9, acceptance 1 and 2).
 
     python bench/many_models.py [--part gmm,ar] [--models 128] [--chunks 20] [--warm-chunks 0] [--ar-models 1000]
-                                [--ar-chunks 4] [--load 0] [--workers 1] [--no-changepoints]
+                                [--ar-chunks 4] [--load 0] [--workers 1] [--no-changepoints] [--paced]
                                 [--redis-url URL]
 
 Part ``gmm`` (acceptance 1): ``--models`` one-component gmm models with different priors (variance shape and
@@ -15,6 +15,9 @@ log-evidence against its exact normal-inverse-gamma value (``models.conjugate``;
 With ``--warm-chunks W`` both streams first absorb W chunks, untimed, and the timed ``--chunks`` follow: the
 sustained rate of live models past a stream's first values, where the populations are still wide (the warm-up:
 more SGHMC moves per block, and change-point challengers started at 10, 20, 40, 80 values into the segment).
+With ``--paced`` each timed chunk is posted once every model has processed the one before, as a live feed arrives
+(without it the chunks are posted back to back and the worker reads several of a model's chunks at a time); the
+elapsed time is then the sum of the chunks' own, and the CPU per model-block of each process is what to compare.
 
 Part ``ar`` (acceptance 2): ``--ar-models`` AR(1) models on one stream and one worker, fed ``--ar-chunks``
 5-observation chunks: sustained model-blocks/s over the chunks after the first (the first includes the
@@ -146,6 +149,7 @@ def part_gmm(
     n_chunks: int,
     changepoints: bool,
     warm_chunks: int = 0,
+    paced: bool = False,
 ) -> dict:
     data = gmm_chunks(warm_chunks + n_chunks)
     early, timed = data[:warm_chunks], data[warm_chunks:]
@@ -160,9 +164,15 @@ def part_gmm(
         if early:
             service_run(base, stream, early, n, in_flight=1, model_fn=fn)
         cpu0 = cpu_by_role(server_pid, data_dir)
-        t = service_run(
-            base, stream, timed, n, in_flight=1, model_fn=fn, register=not early, processed_before=len(early)
-        )[0]
+        if paced:  # each chunk posted once every model has processed the one before (a live feed)
+            t = 0.0
+            for j, chunk in enumerate(timed):
+                t += service_run(base, stream, [chunk], n, in_flight=1, model_fn=fn,
+                                 register=not early and j == 0, processed_before=len(early) + j)[0]  # fmt: skip
+        else:
+            t = service_run(
+                base, stream, timed, n, in_flight=1, model_fn=fn, register=not early, processed_before=len(early)
+            )[0]
         return t, cpu_per_model_block(cpu0, cpu_by_role(server_pid, data_dir), n * n_chunks)
 
     service_run(base, f"warm-{tag}", data[:3], 1, in_flight=1, model_fn=fn)  # the worker's lazy imports
@@ -246,6 +256,12 @@ def main() -> None:
         default=0,
         help="gmm: chunks posted and processed before the timed --chunks (sustained rate after a stream's start)",
     )
+    ap.add_argument(
+        "--paced",
+        action="store_true",
+        help="post each timed chunk once every model has processed the one before (a live feed; the default posts "
+        "them back to back and the worker reads them in batches)",
+    )
     ap.add_argument("--ar-models", type=int, default=1000)
     ap.add_argument("--ar-chunks", type=int, default=4)
     ap.add_argument("--load", type=int, default=0, help="CPU-bound processes beside the run")
@@ -267,15 +283,18 @@ def main() -> None:
         try:
             tag = f"{args.load}-{int(time.time())}"
             if "gmm" in args.part:
-                r = part_gmm(base, server.pid, tmp, tag, args.models, args.chunks, cps, args.warm_chunks)
+                r = part_gmm(base, server.pid, tmp, tag, args.models, args.chunks, cps, args.warm_chunks, args.paced)
                 results["gmm"] = r
                 print(
-                    f"gmm load={args.load} workers={args.workers} changepoints={cps} warm_chunks={args.warm_chunks}: "
+                    f"gmm load={args.load} workers={args.workers} changepoints={cps} warm_chunks={args.warm_chunks} "
+                    f"paced={args.paced}: "
                     f"one model {r['one_ms_per_block']:.1f} ms/block "
                     f"({r['one_blocks_per_s']:.1f} blocks/s; its engine {r['one_engine_ms_per_block']:.1f} ms, the "
                     f"trace's median); {args.models} models "
                     f"{r['many_model_blocks_per_s']:.1f} model-blocks/s ({r['many_ms_per_model_block']:.2f} ms per "
-                    f"model-block) = {r['ratio']:.1f}x one; log-evidence vs exact: max |err| "
+                    f"model-block) = {r['ratio']:.1f}x one"
+                    f"{' (paced: latency-bound, not acceptance 1)' if args.paced else ''}; "
+                    f"log-evidence vs exact: max |err| "
                     f"{r['max_abs_error_nats']:.2f} nats, mean {r['mean_error_nats']:+.2f}, "
                     f"{r['within_5_nats']}/{r['models_checked']} within 5 nats; statuses {r['statuses']}; "
                     f"CPU per model-block of the many: {_cpu_text(r['many_cpu_ms_per_model_block'])}",
