@@ -262,6 +262,11 @@ def test_posterior_summary_from_a_checkpoint_equals_the_engines(dtype: str) -> N
     e = ModelEngine("gmm", {"dim": 1, "components": 2}, {**SMALL, "dtype": dtype})  # constrained parameters
     e.update(None, y)
     assert posterior_summary_from_bytes(e.to_bytes(include_history=False)) == e.posterior_summary()
+    # the posterior view a live feed stores between its states answers the same, and cannot restore an engine
+    view = e.view_bytes()
+    assert posterior_summary_from_bytes(view) == e.posterior_summary()
+    with pytest.raises(ValueError, match="view"):
+        ModelEngine.from_bytes(view, history_blocks=[(None, y)])
 
 
 @pytest.mark.parametrize(
