@@ -690,6 +690,20 @@ class Family(ABC):
         values = self.sample_prior_constrained(generator, M, dtype, torch.device(device))
         return self.space.unconstrain(values)
 
+    @classmethod
+    def sample_priors(
+        cls,
+        families: Sequence[Family],
+        generators: Sequence[torch.Generator],
+        M: int,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """:meth:`sample_prior` of several models of this class, ``families[k]`` drawing from ``generators[k]``:
+        ``theta: [K, M, D]``, each row the bits that model draws alone.  A family may override it to do the arithmetic
+        once for the stack (:meth:`models.gmm.GaussianMixture.sample_priors`)."""
+        return torch.stack([f.sample_prior(g, M, dtype, device) for f, g in zip(families, generators, strict=True)])
+
     def grad_log_likelihood(self, theta: torch.Tensor, x: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         """``∇_θ Σ_b log p(y_b | x_b, θ_m)``: ``theta: [M, D]`` -> ``[M, D]``."""
         hp = self.hyper_tensors(theta.dtype, theta.device)

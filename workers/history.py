@@ -41,6 +41,8 @@ class History:
         self.seen = 0
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed((seed * 2654435761 + 97) % (2**63))
+        # (family type, rows summed, their summed sufficient statistics): workers.sgais._history_statistics
+        self._statistics: tuple[type, int, torch.Tensor] | None = None
 
     def _ensure(self, x: torch.Tensor | None, y: torch.Tensor, extra: int) -> None:
         need = self.size + extra
@@ -91,6 +93,19 @@ class History:
                     assert x is not None
                     buf_x[j] = x[i]
 
+    def statistics_of(self, kind: type) -> tuple[int, torch.Tensor] | None:
+        """``(r, T)``: the summed sufficient statistics ``T: [P]`` of the first ``r`` held rows, as a family of type
+        ``kind`` last kept them (:meth:`keep_statistics`), or None; valid while every row seen is held (an exact
+        history) and none was forgotten since (:meth:`truncate`, :meth:`load_state_tensors` drop them)."""
+        kept = self._statistics
+        if kept is None or kept[0] is not kind or self.size != self.seen or kept[1] > self.size:
+            return None
+        return kept[1], kept[2]
+
+    def keep_statistics(self, kind: type, rows: int, total: torch.Tensor) -> None:
+        """Keep ``total``, the summed sufficient statistics of the first ``rows`` held rows (:meth:`statistics_of`)."""
+        self._statistics = (kind, rows, total) if self.size == self.seen else None
+
     def truncate(self, seen: int) -> None:
         """Forget the rows appended after the first ``seen`` (undo of :meth:`append`).
 
@@ -99,6 +114,7 @@ class History:
         if self.size != self.seen or not 0 <= seen <= self.seen:
             raise ValueError(f"cannot truncate a history of {self.seen} rows ({self.size} held) to {seen}")
         self.size = self.seen = seen
+        self._statistics = None
 
     def rows(self, index: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Rows at ``index: [B]`` (int64, each in ``[0, size)``).
@@ -129,6 +145,7 @@ class History:
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], seen: int) -> None:
+        self._statistics = None
         self.generator.set_state(tensors["history.generator"])
         self.seen = seen
         if "history.y" in tensors:

@@ -222,7 +222,10 @@ def init(
 def prior_draws(
     generators: Sequence[torch.Generator], families: Sequence[Family], M: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """``theta: [K, M, D]``, each model's ``M`` prior draws from its own generator (unconstrained)."""
+    """``theta: [K, M, D]``, each model's ``M`` prior draws from its own generator (unconstrained): the models of one
+    family class drawn by one :meth:`models.base.Family.sample_priors` call (the bits each draws alone)."""
+    if len({type(f) for f in families}) == 1:
+        return type(families[0]).sample_priors(families, generators, M, dtype, device)
     return torch.stack([f.sample_prior(g, M, dtype, device) for g, f in zip(generators, families, strict=True)])
 
 
@@ -1172,17 +1175,32 @@ def _tempered_statistics(block: StackBlock, lam: torch.Tensor) -> torch.Tensor:
 
 def _history_statistics(fam: StackedFamily, batches: StackBatches, models: list[int]) -> torch.Tensor:
     """``T_H: [len(models), P]``, each model's summed sufficient statistics over its whole history (rows in
-    order, summed one by one: the same bits alone and in any stack); cached on ``batches`` (one block)."""
+    order, summed one by one: the same bits alone and in any stack); cached on ``batches`` (one block).
+
+    Each history keeps its running total (:attr:`workers.history.History.statistics`), so a block sums only the rows
+    appended since the last one: ``((T + t_r) + t_{r+1}) + …`` in order, the bits of the whole sum from zero, at
+    ``O(B)`` per block instead of ``O(n)``."""
     cache = batches.__dict__.setdefault("_whole_statistics", {})
     missing = [m for m in models if m not in cache]
     if missing:
-        x, y, offsets = batches.source()
-        sizes = [batches.sizes[m] for m in missing]
-        spans = zip(missing, sizes, strict=True)
-        idx = torch.cat([torch.arange(offsets[m], offsets[m] + n, device=y.device) for m, n in spans])
-        seg = torch.repeat_interleave(torch.arange(len(missing), device=y.device), torch.tensor(sizes, device=y.device))
-        per_row = fam.statistics(x[idx][:, None] if x is not None else None, y[idx][:, None])  # [N, P], one row each
-        total = per_row.new_zeros((len(missing), per_row.shape[-1])).index_add_(0, seg, per_row)
+        kind = type(fam.family)
+        hists = [batches.histories[m] for m in missing]
+        runs = [h.statistics_of(kind) for h in hists]
+        starts = [r[0] if r is not None else 0 for r in runs]
+        ys = [h.y[a : h.size] for h, a in zip(hists, starts, strict=True) if h.y is not None]
+        xs = [h.x[a : h.size] for h, a in zip(hists, starts, strict=True) if h.x is not None]
+        if not ys:  # every one of them empty: no rows, from the stack's (held rows of the others)
+            sx, sy, _ = batches.source()
+            xs, ys = ([sx[:0]] if sx is not None else []), [sy[:0]]
+        y = torch.cat(ys)
+        x = torch.cat(xs) if xs else None
+        counts = torch.tensor([h.size - a for h, a in zip(hists, starts, strict=True)], device=y.device)
+        seg = torch.repeat_interleave(torch.arange(len(missing), device=y.device), counts)
+        per_row = fam.statistics(x[:, None] if x is not None else None, y[:, None])  # [N, P], one row each
+        base = [r[1] if r is not None else per_row.new_zeros(per_row.shape[-1]) for r in runs]
+        total = torch.stack(base).index_add_(0, seg, per_row)
+        for h, t in zip(hists, total, strict=True):
+            h.keep_statistics(kind, h.size, t)
         cache.update(zip(missing, total, strict=True))
     return torch.stack([cache[m] for m in models])
 

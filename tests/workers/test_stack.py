@@ -334,3 +334,61 @@ def test_change_point_models_run_on_the_gpu_alone_or_stacked() -> None:
         ar.to_bytes(include_history=False), ar.changepoint_bytes(), ChangepointSettings(), lambda: iter([(None, y)])
     )
     assert back.main.state.theta.is_cuda and torch.equal(back.main.state.theta, ar.main.state.theta)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_stack_of_gmm_prior_draws_is_each_models_own(dtype: torch.dtype) -> None:
+    """``GaussianMixture.sample_priors`` (the arithmetic and the transform once for the stack) gives each model the
+    bits of its own ``sample_prior``: several components and dimensions, per-model hyperparameters."""
+    from models import make_family
+
+    fams = [
+        make_family(
+            "gmm",
+            {
+                "dim": 2,
+                "components": 3,
+                "variance_shape": 1 + i / 3,
+                "variance_scale": 0.5 + i / 7,
+                "mean_scale": 1 + i,
+                "dirichlet_alpha": 0.3 + i / 5,
+                "mean_location": i / 3,
+            },
+        )  # fmt: skip
+        for i in range(6)
+    ]
+    together = type(fams[0]).sample_priors(fams, [torch.Generator().manual_seed(i) for i in range(6)], 7, dtype)
+    alone = [f.sample_prior(torch.Generator().manual_seed(i), 7, dtype) for i, f in enumerate(fams)]
+    assert together.shape == (6, 7, 14)
+    for i, a in enumerate(alone):
+        assert torch.equal(together[i], a), i
+
+
+def test_running_history_statistics_are_the_bits_of_the_whole_sum() -> None:
+    """``workers.sgais._history_statistics`` sums only the rows appended since a history's kept total, in order: the
+    bits of summing every row from zero (a fresh history), also after a truncation (the kept total is dropped) and
+    for a model whose history is empty beside one whose is not."""
+    from models import make_family
+    from workers.history import History, StackBatches
+    from workers.sgais import _history_statistics
+
+    fam = StackedFamily([make_family("gmm", {"dim": 1, "components": 1})] * 2, D64, "cpu")
+    g = torch.Generator().manual_seed(3)
+    rows = 7.0 + 3.0 * torch.randn(90, generator=g, dtype=D64)
+    kept, empty = History(), History()
+
+    def whole(h: History) -> torch.Tensor:
+        fresh = History()
+        fresh.append(None, h.all_rows()[1])
+        return _history_statistics(fam, StackBatches([fresh, History()], 40), [0])[0]
+
+    for a, b in [(0, 5), (5, 10), (10, 35), (35, 40), (40, 90)]:
+        kept.append(None, rows[a:b])
+        got = _history_statistics(fam, StackBatches([kept, empty], 40), [0, 1])
+        assert torch.equal(got[0], whole(kept)) and not got[1].any()
+        assert kept.statistics_of(type(fam.family)) is not None
+        if b == 40:
+            kept.truncate(33)
+            assert kept.statistics_of(type(fam.family)) is None
+            kept.append(None, rows[33:40] + 1.0)  # other rows where the truncated ones were
+            assert torch.equal(_history_statistics(fam, StackBatches([kept, empty], 40), [0])[0], whole(kept))
