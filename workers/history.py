@@ -69,17 +69,15 @@ class History:
         B = y.shape[0]
         if B == 0:
             return
-        x = x.to(self.dtype, copy=False) if x is not None else None
-        y = y.to(self.dtype, copy=False)
         self._ensure(x, y, B)
         buf_x, buf_y = self.x, self.y
         assert buf_y is not None  # allocated by _ensure
         take = B if self.capacity is None else max(0, min(B, self.capacity - self.size))
-        if take:
-            buf_y[self.size : self.size + take] = y[:take]
+        if take:  # copy_ converts the dtype (a block's rows, every block of every population: no __setitem__)
+            buf_y[self.size : self.size + take].copy_(y if take == B else y[:take])
             if buf_x is not None:
                 assert x is not None  # a history with covariates gets blocks with covariates
-                buf_x[self.size : self.size + take] = x[:take]
+                buf_x[self.size : self.size + take].copy_(x if take == B else x[:take])
             self.size += take
             self.seen += take
         # Algorithm R for the rest: row with global index t replaces slot j ~ U{0..t} if j < capacity.
@@ -206,7 +204,7 @@ class StackBatches:
         for j, (g, k, c) in enumerate(zip(generators, models, counts, strict=True)):
             if c and self.sizes[k]:
                 rows = out[j, :c]  # drawn in place: the same draws as a fresh tensor of that shape
-                torch.randint(0, self.sizes[k], (c, B), generator=g, out=rows)
+                rows.random_(0, self.sizes[k], generator=g)  # torch.randint's draws (empty().random_())
                 if offsets[k]:
                     rows += offsets[k]
         return out

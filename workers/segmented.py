@@ -402,14 +402,13 @@ def _locate(requests: list[tuple[SegmentedEngine, list[Any], Any, Any]], *, pref
             lw = normalised(torch.stack([requests[r][1][0].log_w for r in rs]))
             lp = torch.logsumexp(lw[:, :, None] + ll, 1)  # [N, R]
             levels = [requests[r][0]._split_level() for r in rs]
-            tails = []  # (request, mean of its tail's log-predictive, rows): read from the device at once
-            for r, split, lp_r in zip(rs, split_rows(lp, levels), lp, strict=True):
+            R = int(lp.shape[1])
+            # each tail's mean log-predictive from one read of the device (math.fsum: the correctly rounded sum,
+            # whatever the stack); it only decides whether the tail drops (SegmentedEngine._tail_drops)
+            for r, split, lp_r in zip(rs, split_rows(lp, levels), lp.tolist(), strict=True):
                 k_of[r] = rows[(r, 0)][1] + split
-                if split < int(lp.shape[1]):
-                    tails.append((r, lp_r[split:].mean(), int(lp.shape[1]) - split))
-            if tails:
-                means = torch.stack([m for _, m, _ in tails]).tolist()
-                tail_of.update({r: (mean, n) for (r, _, n), mean in zip(tails, means, strict=True)})
+                if split < R:
+                    tail_of[r] = (math.fsum(lp_r[split:]) / (R - split), R - split)
     prefix = _prefix_estimates(requests, rows, k_of) if prefixes else {}
     out: list[Located] = []
     for r, (_, states, _, yb) in enumerate(requests):
@@ -487,6 +486,24 @@ def _prefix_estimates(
             ess = [v / int(w.shape[-1]) for v in (1.0 / (w * w).sum(-1)).tolist()]
             prefix.update(zip(pops, zip(torch.logsumexp(lv, -1).tolist(), ess, strict=True), strict=True))
     return prefix
+
+
+@functools.lru_cache(maxsize=1024)
+def _challenger_sampler(model: SamplerSettings, cps: cp.ChangepointSettings, ess_target: float) -> SamplerSettings:
+    """The sampler settings of a model's challengers but their seed, from the model's (validated once per distinct
+    settings: a round's new challengers of many models share them)."""
+    over: dict[str, Any] = {"ess_target": ess_target}
+    over["burn_in"] = cps.burn_in if cps.burn_in is not None else math.ceil(cps.burn_in_fraction * model.burn_in)
+    # a challenger is in its own warm-up, where its moves scale with the dimension like the model's
+    # (workers.stacking.warmup_burn_in): a confirmed challenger's population becomes the model's, and with the
+    # cheaper moves alone the thesis stream's in-order gmm-7 (20 parameters) ended 314 nats lower in the one
+    # run compared (bench/README.md, "Warm-up burn-in")
+    # no restarts from the prior (workers.stacking._restart_begin): like the lower ESS target, a challenger's
+    # log Ẑ' only needs to be good against the confirmation level, and its second block is nearly always as large
+    # as its history: with restarts a live 5-value feed of a one-component gmm took 45% more engine time
+    # (12 restarts in 20 blocks, 9 of them challengers'; session 31).  A confirmed challenger gets the model's back.
+    over["restart_min_rows"] = None
+    return SamplerSettings.model_validate({**model.model_dump(), **over})
 
 
 @functools.lru_cache(maxsize=256)
@@ -648,21 +665,10 @@ class SegmentedEngine:
 
     # ----- challengers ------------------------------------------------------------------------
     def _sampler(self, seed: int) -> SamplerSettings:
+        """A challenger's sampler settings (:func:`_challenger_sampler`) with its own ``seed``."""
         model = self.main.settings  # the model's sampler (a confirmed challenger gets it back, _confirm)
-        over: dict[str, Any] = {"seed": seed, "ess_target": self._ess_target(model.initial_particles)}
-        over["burn_in"] = (
-            self.cp.burn_in if self.cp.burn_in is not None else math.ceil(self.cp.burn_in_fraction * model.burn_in)
-        )
-        # a challenger is in its own warm-up, where its moves scale with the dimension like the model's
-        # (workers.stacking.warmup_burn_in): a confirmed challenger's population becomes the model's, and with the
-        # cheaper moves alone the thesis stream's in-order gmm-7 (20 parameters) ended 314 nats lower in the one
-        # run compared (bench/README.md, "Warm-up burn-in")
-        # no restarts from the prior (workers.stacking._restart_begin): like the lower ESS target, a challenger's
-        # log Ẑ' only needs to be good against the confirmation level, and its second block is nearly always as large
-        # as its history: with restarts a live 5-value feed of a one-component gmm took 45% more engine time
-        # (12 restarts in 20 blocks, 9 of them challengers'; session 31).  A confirmed challenger gets the model's back.
-        over["restart_min_rows"] = None
-        return SamplerSettings.model_validate({**model.model_dump(), **over})
+        template = _challenger_sampler(model, self.cp, self._ess_target(model.initial_particles))
+        return template.model_copy(update={"seed": seed})  # validated once per model settings: only the seed differs
 
     def _ess_target(self, particles: int) -> float:
         """A challenger's ESS target with ``particles`` (:func:`workers.changepoint.challenger_ess_target`)."""

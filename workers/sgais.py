@@ -782,7 +782,7 @@ def exact_draw(block: StackBlock, theta: torch.Tensor, T: torch.Tensor) -> tuple
     )
     normals = torch.empty(len(block.generators), M, N + G, dtype=T.dtype, device=T.device)
     for out, g in zip(normals.unbind(0), block.generators, strict=True):
-        torch.randn(M, N + G, generator=g, dtype=T.dtype, device=T.device, out=out)
+        out.normal_(generator=g)  # torch.randn's draws (randn is empty().normal_()), without its argument parsing
     log_gammas = torch.log(boosted) + torch.special.log_ndtr(normals[..., N:]) / shapes[:, None]
     drawn = fam.exact_draw(T, log_gammas, normals[..., :N])
     ok = torch.isfinite(drawn).all(-1).all(-1)
@@ -1213,8 +1213,8 @@ def _noise(generators: Sequence[torch.Generator], counts: list[int], shape: tupl
         return standard_normal(generators, (S, *shape), like.new_empty(0, dtype=NOISE_DTYPE)).to(like.dtype)
     out = torch.zeros((len(counts), S, *shape), dtype=NOISE_DTYPE, device=like.device)
     for k, (g, c) in enumerate(zip(generators, counts, strict=True)):
-        if c:  # drawn in place: the same draws as a fresh tensor of that shape (standard_normal)
-            torch.randn((c, *shape), generator=g, out=out[k, :c])
+        if c:  # drawn in place (normal_, as torch.randn draws): the same draws as a fresh tensor of that shape
+            out[k, :c].normal_(generator=g)
     return out.to(like.dtype)
 
 
