@@ -50,7 +50,7 @@ from workers import changepoint as cp
 from workers.engine import ModelEngine
 from workers.history import History
 from workers.settings import SamplerSettings
-from workers.stacking import absorb_context, advance_stack, init_states, normalised
+from workers.stacking import absorb_context, advance_stack, init_states, normalised, rows_between
 from workers.state import BlockInfo
 
 FORMAT = 1
@@ -190,7 +190,7 @@ def advance_blocks(
         sub = []
         for k in idx:
             (xb, yb), (a, b) = blocks[k], parts[k][j]
-            sub.append(((xb[a:b] if xb is not None else None), yb[a:b]))
+            sub.append((rows_between(xb, a, b), rows_between(yb, a, b)))
         for k, res in zip(idx, _advance_once([engines[k] for k in idx], sub, heartbeat), strict=True):
             prev = out[k]
             out[k] = _merged(prev, res) if isinstance(prev, BlockInfo) and isinstance(res, BlockInfo) else res

@@ -211,7 +211,7 @@ def advance_stack(
         for i, (m, (x, y)) in enumerate(zip(models, data, strict=True)):
             a, b = r * m.settings.block_size, (r + 1) * m.settings.block_size
             if a < y.shape[0] and isinstance(results[i], list):
-                todo.append((i, x[a:b] if x is not None else None, y[a:b]))
+                todo.append((i, rows_between(x, a, b), rows_between(y, a, b)))
         infos = _advance_round([models[i] for i, _, _ in todo], [(x, y) for _, x, y in todo], heartbeat)
         for (i, _, _), info in zip(todo, infos, strict=True):
             res = results[i]
@@ -220,6 +220,14 @@ def advance_stack(
             elif isinstance(info, sgais.NumericalError):
                 results[i] = info
     return results
+
+
+def rows_between(t: torch.Tensor | None, a: int, b: int) -> torch.Tensor | None:
+    """``t[a:b]`` (None for None), ``t`` itself when that is every row: a chunk that is one block, the usual case,
+    is not sliced again for every model of a round (a slice is a few microseconds of Python indexing)."""
+    if t is None or (a == 0 and b >= t.shape[0]):
+        return t
+    return t[a:b]
 
 
 class _Pending(NamedTuple):
@@ -268,7 +276,7 @@ def _advance_round(models: Sequence[Model], blocks: Sequence[tuple[Any, Any]], h
     cleared = _cleared(firsts)
     for i, m, st, xr, yr, context, raw in prepared:
         if len(models) + i not in restarting and out[i] is None:
-            pending.append(_before_block(i, m, st, xr, yr, context, cleared=cleared.get(i))._replace(raw=raw))
+            pending.append(_before_block(i, m, st, xr, yr, context, cleared=cleared.get(i), raw=raw))
     for k, r in restarting.items():  # the fresh populations absorb history and block as a first block, stacked
         assert r.fresh.state is not None
         pending.append(_before_block(k, r.fresh, r.fresh.state, r.x_all, r.y_all, None, cleared=cleared.get(k)))
@@ -450,9 +458,11 @@ def _before_block(
     context: torch.Tensor | None,
     *,
     cleared: bool | None = None,
+    raw: int = 0,
 ) -> _Pending:
     """Warm-up reduction, re-anchoring, the block's burn-in and whether the Fisher caps apply.  ``cleared``:
-    the first block's conflict test when the round already ran it (:func:`_cleared`), None when not."""
+    the first block's conflict test when the round already ran it (:func:`_cleared`), None when not; ``raw``: the
+    block's stream values (:attr:`_Pending.raw`)."""
     s, history = m.settings, st.history
     n_prev = history.seen
     one_step = False
@@ -496,7 +506,7 @@ def _before_block(
     moves = m.family.gibbs_conditionals or m.family.exact_draws
     gibbs = s.gibbs_sweeps if moves and warmup and history.size == n_prev else 0
     return _Pending(
-        i, m, st, x, y, context, burn_in, fisher, anchored, slack, one_step=one_step, catch_up=catch_up,
+        i, m, st, x, y, context, burn_in, fisher, anchored, slack, raw=raw, one_step=one_step, catch_up=catch_up,
         gibbs_sweeps=gibbs,
     )  # fmt: skip
 
@@ -594,15 +604,18 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
     # each field's per-model views (iterating a tensor makes them cheaper than unbind(0) or K indexing calls)
-    rows = {f: list(getattr(new, f)) for f in sgais.StackState._fields}
-    sums = summaries(new.log_w, rows["log_w"], new.evidence_var, rows["evidence_var"])  # for the whole stack at once
-    for k, p in enumerate(group):
+    rows = sgais.StackState(*(list(t) for t in new))
+    sums = summaries(new.log_w, rows.log_w, new.evidence_var, rows.evidence_var)  # for the whole stack at once
+    for k, (p, (theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)) in enumerate(
+        zip(group, zip(*rows, strict=True), strict=True)
+    ):
         if stats.error[k] is not None:
             out[k] = sgais.NumericalError(stats.error[k])
             continue
         old = olds[k]
         st = old._replace(
-            **{f: views[k] for f, views in rows.items()}, summary=sums[k], context=p.context,
+            theta=theta, log_w=log_w, velocity=velocity, anchor=anchor, anchor_grad=anchor_grad,
+            posterior_var=posterior_var, evidence_var=evidence_var, summary=sums[k], context=p.context,
             blocks=old.blocks + 1,
         )  # fmt: skip
         if stats.guard_tripped[k] and st.degraded is None:
@@ -660,14 +673,13 @@ def _after_block(
     n_prev = history.seen
     history.append(x, y)
     n = history.seen
-    n_change = st.n_change
     if (
         s.reanneal_steps is not None
         and steps >= change_threshold(s.reanneal_steps, st.theta.shape[-1])
         and n_prev >= max(s.warmup_observations, 1)
     ):
-        n_change = n
-    st = st._replace(n_change=n_change)
+        st = st._replace(n_change=n)
+    n_change = st.n_change
     reannealed = (
         n_change > 0
         and n <= s.reanneal_horizon * n_change
