@@ -11,6 +11,10 @@ and their ratio: the ceiling that the engine alone puts on ``bench/many_models.p
 asks 30x end to end), and the stack's total CPU per chunk split as ``fixed + K x marginal`` with the lone model as
 the fixed part (``marginal = (stack − lone) / (K − 1)``).
 
+The last columns split the stack's time into the kernel (:func:`workers.sgais.absorb_block`, timed by a wrapper
+around it) and everything around it (the engine's per-population policies, the change-point bookkeeping) per
+model-block, against the budget a ratio of 30x leaves: the lone model's ms per block / 30.
+
 CPU time (``time.process_time``) of this process; a busy machine moves both columns, so compare within one run.
 """
 
@@ -25,11 +29,25 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def per_chunk(models: int, chunks: int) -> list[float]:
-    """CPU ms of each chunk's ``advance_blocks`` call for ``models`` models (the whole stack, not per model)."""
+def per_chunk(models: int, chunks: int) -> tuple[list[float], list[float]]:
+    """CPU ms of each chunk's ``advance_blocks`` call for ``models`` models (the whole stack, not per model), and of
+    the kernel calls (:func:`workers.sgais.absorb_block`) within it."""
     import torch
 
+    import workers.stacking
     from workers.segmented import SegmentedEngine, advance_blocks
+
+    kernel = [0.0]
+    absorb = workers.stacking.sgais.absorb_block
+
+    def timed(*a, **kw):
+        t = time.process_time()
+        try:
+            return absorb(*a, **kw)
+        finally:
+            kernel[0] += time.process_time() - t
+
+    workers.stacking.sgais.absorb_block = timed  # type: ignore[assignment]
 
     sys.path.insert(0, str(HERE))
     from many_models import gmm_chunks, gmm_model
@@ -38,16 +56,21 @@ def per_chunk(models: int, chunks: int) -> list[float]:
     for i in range(models):
         body = gmm_model(i)
         engines.append(SegmentedEngine.create(body["family"], body["params"], body["sampler"]))
-    out = []
-    for c in gmm_chunks(chunks):
-        y = torch.tensor(c["y"], dtype=torch.float64)
-        t0 = time.process_time()
-        res = advance_blocks(engines, [(None, y)] * models)
-        out.append(1000 * (time.process_time() - t0))
-        bad = [r for r in res if isinstance(r, Exception)]
-        if bad:
-            raise bad[0]
-    return out
+    out, inner = [], []
+    try:
+        for c in gmm_chunks(chunks):
+            y = torch.tensor(c["y"], dtype=torch.float64)
+            kernel[0] = 0.0
+            t0 = time.process_time()
+            res = advance_blocks(engines, [(None, y)] * models)
+            out.append(1000 * (time.process_time() - t0))
+            inner.append(1000 * kernel[0])
+            bad = [r for r in res if isinstance(r, Exception)]
+            if bad:
+                raise bad[0]
+    finally:
+        workers.stacking.sgais.absorb_block = absorb
+    return out, inner
 
 
 def main() -> None:
@@ -65,24 +88,25 @@ def main() -> None:
     torch.set_num_threads(1)  # as the worker (workers.config: torch_threads)
     warm_lazy_imports()
     quiet_gc()
-    lone = per_chunk(1, args.chunks)
-    stack = per_chunk(args.models, args.chunks)
+    lone, lone_kernel = per_chunk(1, args.chunks)
+    stack, stack_kernel = per_chunk(args.models, args.chunks)
     K = args.models
     bounds = [0, *(int(v) for v in args.phases.split(",") if 0 < int(v) < args.chunks), args.chunks]
     print(f"one-component gmm, 5-value chunks, {K} models stacked against one alone (CPU ms)")
-    print("| chunks | values | lone ms/block | stacked ms/model-block | ratio | marginal ms/model-block |")
-    print("|---|---|---:|---:|---:|---:|")
-    for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+    print(
+        "| chunks | values | lone ms/block | stacked ms/model-block | ratio | marginal ms/model-block "
+        "| stacked kernel ms/model-block | stacked rest ms/model-block | 30x budget ms/model-block |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    spans = [(a, b, f"{a}-{b - 1}", f"{5 * a}-{5 * b - 1}") for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+    for a, b, chunks, values in [*spans, (0, args.chunks, "all", f"0-{5 * args.chunks - 1}")]:
         one = statistics.fmean(lone[a:b])
         many = statistics.fmean(stack[a:b])
-        marginal = (many - one) / (K - 1)
+        kern = statistics.fmean(stack_kernel[a:b])
         print(
-            f"| {a}-{b - 1} | {5 * a}-{5 * b - 1} | {one:.2f} | {many / K:.3f} | {one / (many / K):.1f}x | "
-            f"{marginal:.3f} |"
+            f"| {chunks} | {values} | {one:.2f} | {many / K:.3f} | {one / (many / K):.1f}x | "
+            f"{(many - one) / (K - 1):.3f} | {kern / K:.3f} | {(many - kern) / K:.3f} | {one / 30:.3f} |"
         )
-    one, many = statistics.fmean(lone), statistics.fmean(stack)
-    print(f"| all | 0-{5 * args.chunks - 1} | {one:.2f} | {many / K:.3f} | {one / (many / K):.1f}x | "
-          f"{(many - one) / (K - 1):.3f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

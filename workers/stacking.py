@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import torch
 
@@ -222,12 +222,21 @@ def advance_stack(
     return results
 
 
-def rows_between(t: torch.Tensor | None, a: int, b: int) -> torch.Tensor | None:
+@overload
+def rows_between(t: torch.Tensor, a: int, b: int | None) -> torch.Tensor: ...
+@overload
+def rows_between(t: None, a: int, b: int | None) -> None: ...
+def rows_between(t: torch.Tensor | None, a: int, b: int | None) -> torch.Tensor | None:
     """``t[a:b]`` (None for None), ``t`` itself when that is every row: a chunk that is one block, the usual case,
     is not sliced again for every model of a round (a slice is a few microseconds of Python indexing)."""
-    if t is None or (a == 0 and b >= t.shape[0]):
+    if t is None or (a == 0 and (b is None or b >= t.shape[0])):
         return t
     return t[a:b]
+
+
+#: The order of :class:`workers.sgais.StackState`'s fields, which :func:`_run_stack` unpacks per model.
+_STACK_FIELDS = ("theta", "log_w", "velocity", "anchor", "anchor_grad", "posterior_var", "evidence_var")
+assert sgais.StackState._fields == _STACK_FIELDS
 
 
 class _Pending(NamedTuple):
@@ -604,8 +613,9 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
     # each field's per-model views (iterating a tensor makes them cheaper than unbind(0) or K indexing calls)
-    rows = sgais.StackState(*(list(t) for t in new))
-    sums = summaries(new.log_w, rows.log_w, new.evidence_var, rows.evidence_var)  # for the whole stack at once
+    rows = [list(t) for t in new]  # StackState's fields in order (_STACK_FIELDS)
+    log_ws, evidence_vars = rows[1], rows[6]
+    sums = summaries(new.log_w, log_ws, new.evidence_var, evidence_vars)  # for the whole stack at once
     for k, (p, (theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)) in enumerate(
         zip(group, zip(*rows, strict=True), strict=True)
     ):

@@ -30,6 +30,7 @@ from workers import quarantine
 from workers.config import Settings
 from workers.engine import block_bounds
 from workers.segmented import SegmentedEngine, advance_blocks
+from workers.stacking import rows_between
 from workers.store import records
 from workers.store.commit import LeaseLost, Scripts, StreamState
 from workers.store.keys import Keys
@@ -365,7 +366,7 @@ class Worker(quarantine.QuarantineHooks):
             blocks = []
             for c in group:
                 a, b = c.bounds[j]
-                blocks.append(((c.x[a:b] if c.x is not None else None), c.y[a:b]))
+                blocks.append((rows_between(c.x, a, b), rows_between(c.y, a, b)))
             engines = [c.h.engine for c in group]
             budgets = [c.h.budget for c in group if c.h.budget is not None]
             t0 = time.perf_counter()
