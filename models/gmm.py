@@ -410,12 +410,15 @@ class GaussianMixture(Family):
     def sample_priors(cls, families, generators, M, dtype=torch.float64, device="cpu"):
         """:meth:`Family.sample_priors`: each model's variates from its own generator, the arithmetic and the
         transform once for the stack (a new challenger's prior draw was a fifth of its first block's cost)."""
-        if len({f.stack_key() for f in families}) != 1:
+        from models.stack import stack_key_of  # models.stack imports the families' base
+
+        if len({stack_key_of(f) for f in families}) != 1:
             return super().sample_priors(families, generators, M, dtype, device)
         draws = [f._prior_randoms(g, M, dtype, torch.device(device)) for f, g in zip(families, generators, strict=True)]
         randoms = tuple(torch.stack(v) for v in zip(*draws, strict=True))
+        rows = [f.hyper() for f in families]
         hp = {
-            k: torch.tensor([f.hyper()[k] for f in families], dtype=dtype, device=device)[:, None, None, None]
+            k: torch.tensor([r[k] for r in rows], dtype=dtype, device=device)[:, None, None, None]
             for k in ("variance_scale", "mean_location", "mean_variance_ratio")
         }
         values = cls._prior_values(randoms, hp)
