@@ -1177,7 +1177,7 @@ def _history_statistics(fam: StackedFamily, batches: StackBatches, models: list[
     """``T_H: [len(models), P]``, each model's summed sufficient statistics over its whole history (rows in
     order, summed one by one: the same bits alone and in any stack); cached on ``batches`` (one block).
 
-    Each history keeps its running total (:attr:`workers.history.History.statistics`), so a block sums only the rows
+    Each history keeps its running total (:meth:`workers.history.History.statistics_of`), so a block sums only the rows
     appended since the last one: ``((T + t_r) + t_{r+1}) + …`` in order, the bits of the whole sum from zero, at
     ``O(B)`` per block instead of ``O(n)``."""
     cache = batches.__dict__.setdefault("_whole_statistics", {})
