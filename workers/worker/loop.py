@@ -509,7 +509,7 @@ class Worker(quarantine.QuarantineHooks):
         engine seconds since the stored state reach ``checkpoint_seconds``.
 
         Why: a live feed's small chunks each came with the whole state (every population's particles, velocities,
-        anchors and two generator states of 5 kB), most of a light model's commit work: 116 of 563 µs of worker
+        anchors and two generator states of 5 kB), most of a light model's commit work: 116 of 517 µs of worker
         CPU per model and chunk at 128 one-component gmm models past their warm-up (``python bench/worker_costs.py
         --warm 100 --per-chunk``).  A restore re-absorbs the chunks committed since from the stream log, bit for
         bit (:func:`workers.worker.restore.catch_up`): at most ``checkpoint_every − 1`` chunks and about
