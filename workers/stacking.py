@@ -614,7 +614,7 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
     # each field's per-model views (iterating a tensor makes them cheaper than unbind(0) or K indexing calls)
     rows = [list(t) for t in new]  # StackState's fields in order (_STACK_FIELDS)
-    log_ws, evidence_vars = rows[1], rows[6]
+    log_ws, evidence_vars = rows[_STACK_FIELDS.index("log_w")], rows[_STACK_FIELDS.index("evidence_var")]
     sums = summaries(new.log_w, log_ws, new.evidence_var, evidence_vars)  # for the whole stack at once
     for k, (p, (theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)) in enumerate(
         zip(group, zip(*rows, strict=True), strict=True)
