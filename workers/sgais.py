@@ -315,7 +315,7 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
         still = (steps == 0) & (lam_new >= 1.0) & (not block.settings.move_every_step)
         sub, info = tempered_step(sub_block, sub, delta=delta, lam=lam_new, log_lik=ll, still=still)
         state = sub if full else state.put(active, sub)
-        tally.record(None if full else active, lam_new, trip, info, bad)
+        tally.record(None if full else active, lam_new, trip, info)
         _mark(errors, active, info.failed & ~bad, STEP_FAILED)
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]
     return state, tally.stats(errors, first_rows)
@@ -359,33 +359,31 @@ def increment(
 
 
 class _Tally:
-    """Per-model ``[K]`` running values of :func:`absorb_block`'s λ loop: ``λ``, steps taken, and whether the model
-    resampled, tripped the step guard, failed, and its steps whose particles lagged (:func:`_catch_up`)."""
+    """Per-model ``[K]`` running values of :func:`absorb_block`'s λ loop: ``λ``, steps taken, whether the model
+    resampled and tripped the step guard, and its steps whose particles lagged (:func:`_catch_up`); a failure is in
+    the loop's ``errors``."""
 
     def __init__(self, *tensors: torch.Tensor):
-        self.lam, self.steps, self.resampled, self.tripped, self.failed, self.behind = tensors
+        self.lam, self.steps, self.resampled, self.tripped, self.behind = tensors
 
     @classmethod
     def zeros(cls, K: int, device: torch.device) -> _Tally:
         lam = torch.zeros(K, dtype=torch.float64, device=device)
         steps, behind = (torch.zeros(K, dtype=torch.long, device=device) for _ in range(2))
-        resampled, tripped, failed = (torch.zeros(K, dtype=torch.bool, device=device) for _ in range(3))
-        return cls(lam, steps, resampled, tripped, failed, behind)
+        resampled, tripped = (torch.zeros(K, dtype=torch.bool, device=device) for _ in range(2))
+        return cls(lam, steps, resampled, tripped, behind)
 
-    def record(
-        self, active: torch.Tensor | None, lam: torch.Tensor, trip: torch.Tensor, info: StepInfo, bad: torch.Tensor
-    ) -> None:
+    def record(self, active: torch.Tensor | None, lam: torch.Tensor, trip: torch.Tensor, info: StepInfo) -> None:
         """One annealing step of the models ``active`` (None: the whole stack, updated without indexing)."""
         if active is None:
             self.lam, self.steps = lam, self.steps + 1
             self.resampled, self.behind = self.resampled | info.resampled, self.behind + info.behind
-            self.tripped, self.failed = self.tripped | trip, self.failed | info.failed | bad
+            self.tripped = self.tripped | trip
             return
         self.lam[active], self.steps[active] = lam, self.steps[active] + 1
         self.resampled[active] |= info.resampled
         self.behind[active] += info.behind
         self.tripped[active] |= trip
-        self.failed[active] |= info.failed | bad
 
     def stats(self, errors: list[str | None], first_rows: torch.Tensor | None) -> BlockStats:
         tallies = (self.steps, self.resampled, self.tripped, self.behind)
