@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -171,6 +172,15 @@ class SamplerSettings(BaseModel):
 
     @property
     def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        """The ``device`` setting as a ``torch.device`` (``auto``: CUDA when available); read for every population
+        in every round, so resolved once per setting (:func:`_torch_device`)."""
+        return _torch_device(self.device)
+
+
+@functools.cache
+def _torch_device(device: str) -> torch.device:
+    """``torch.device(device)``, ``auto`` resolved to ``cuda`` when a GPU is available (once per process: a
+    ``torch.device`` and ``torch.cuda.is_available()`` per call cost microseconds a population and round)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)

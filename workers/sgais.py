@@ -120,8 +120,15 @@ class StackState(NamedTuple):
     def select(self, idx: torch.Tensor) -> StackState:
         return StackState(*(t[idx] for t in self))
 
-    def put(self, idx: torch.Tensor, sub: StackState) -> StackState:
-        return StackState(*(t.index_copy(0, idx, s) for t, s in zip(self, sub, strict=True)))
+    def put(self, idx: torch.Tensor, sub: StackState, picked: StackState | None = None) -> StackState:
+        """``self`` with the rows ``idx`` replaced by ``sub``'s.  ``picked``: ``self.select(idx)``, from which ``sub``
+        was computed; a field that ``sub`` holds unchanged from it (the same tensor: e.g. the velocities of a step
+        without SGHMC moves) keeps ``self``'s tensor, uncopied, so that :mod:`workers.stacking` sees it unchanged."""
+        if picked is None:
+            return StackState(*(t.index_copy(0, idx, s) for t, s in zip(self, sub, strict=True)))
+        return StackState(
+            *(t if s is p else t.index_copy(0, idx, s) for t, s, p in zip(self, sub, picked, strict=True))
+        )  # fmt: skip
 
 
 class KernelSettings(NamedTuple):
@@ -300,6 +307,7 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
     while active.numel():
         full = active.numel() == K  # the whole stack: its own tensors, no selections (the bits are the same)
         sub_block, sub = (block, state) if full else (block.select(active), state.select(active))
+        picked = sub
         rows = sub_block.family.log_likelihood(sub.theta, sub_block.x, sub_block.y)
         first_rows = rows if first_rows is None else first_rows
         ll = rows.sum(-1).to(torch.float64)
@@ -314,7 +322,7 @@ def absorb_block(block: StackBlock, state: StackState) -> tuple[StackState, Bloc
         # a block taken whole in its first step needs moves only if it resampled (resample-move)
         still = (steps == 0) & (lam_new >= 1.0) & (not block.settings.move_every_step)
         sub, info = tempered_step(sub_block, sub, delta=delta, lam=lam_new, log_lik=ll, still=still)
-        state = sub if full else state.put(active, sub)
+        state = sub if full else state.put(active, sub, picked)
         tally.record(None if full else active, lam_new, trip, info)
         _mark(errors, active, info.failed & ~bad, STEP_FAILED)
         active = active[(lam_new < 1.0) & ~info.failed & ~bad]

@@ -125,8 +125,18 @@ Heartbeat = Callable[[], None] | None
 
 def stack_key(model: Model) -> tuple[Any, ...]:
     """Models with equal keys can share a stack: family shapes, sampler settings that change shapes or
-    control flow, dtype and device (:data:`PER_MODEL_SETTINGS` may differ)."""
-    return (stack_key_of(model.family), *_settings_key(model.settings))
+    control flow, dtype and device (:data:`PER_MODEL_SETTINGS` may differ).
+
+    Kept on the model with the settings object it was computed from (a model's family is fixed; its settings are
+    replaced, never changed: they are frozen), so a round groups its populations without hashing each one's
+    settings: each challenger has settings of its own (its seed), which missed :func:`_settings_key`'s cache once
+    and were hashed again in every round."""
+    got = model.__dict__.get("_stack_key")
+    if got is not None and got[0] is model.settings:
+        return got[1]
+    key = (stack_key_of(model.family), *_settings_key(model.settings))
+    model.__dict__["_stack_key"] = (model.settings, key)
+    return key
 
 
 @functools.lru_cache(maxsize=4096)
@@ -237,6 +247,11 @@ def rows_between(t: torch.Tensor | None, a: int, b: int | None) -> torch.Tensor 
 #: The order of :class:`workers.sgais.StackState`'s fields, which :func:`_run_stack` unpacks per model.
 _STACK_FIELDS = ("theta", "log_w", "velocity", "anchor", "anchor_grad", "posterior_var", "evidence_var")
 assert sgais.StackState._fields == _STACK_FIELDS
+#: The order of :class:`workers.state.SGAISState`'s fields, which :func:`_run_stack` builds positionally.
+assert SGAISState._fields == (
+    "theta", "log_w", "velocity", "anchor", "anchor_grad", "n_anchor", "posterior_var", "history", "context", "blocks",
+    "n_reanneal", "n_change", "evidence_var", "degraded", "summary",
+)  # fmt: skip
 
 
 class _Pending(NamedTuple):
@@ -612,8 +627,13 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
     olds = _summarised([p.state for p in group], state.log_w)  # log Ẑ before the block: the missing ones at once
     # (k, state after the policies, log Ẑ before the block, its log-predictive, log Ẑ after the policies, reannealed)
     done: list[tuple[int, SGAISState, float, float, float, bool]] = []
-    # each field's per-model views (iterating a tensor makes them cheaper than unbind(0) or K indexing calls)
-    rows = [list(t) for t in new]  # StackState's fields in order (_STACK_FIELDS)
+    # each field's per-model views (iterating a tensor makes them cheaper than unbind(0) or K indexing calls); a field
+    # the kernel returned unchanged (the same tensor: the velocities and anchors of a block moved by exact draws) keeps
+    # each model's own tensor, as stacked
+    rows = [  # StackState's fields in order (_STACK_FIELDS)
+        [getattr(st, f) for st in states] if t is t0 else list(t)
+        for f, t, t0 in zip(_STACK_FIELDS, new, state, strict=True)
+    ]
     log_ws, evidence_vars = rows[_STACK_FIELDS.index("log_w")], rows[_STACK_FIELDS.index("evidence_var")]
     sums = summaries(new.log_w, log_ws, new.evidence_var, evidence_vars)  # for the whole stack at once
     for k, (p, (theta, log_w, velocity, anchor, anchor_grad, posterior_var, evidence_var)) in enumerate(
@@ -623,10 +643,9 @@ def _run_stack(group: list[_Pending], heartbeat: Heartbeat) -> list[BlockInfo | 
             out[k] = sgais.NumericalError(stats.error[k])
             continue
         old = olds[k]
-        st = old._replace(
-            theta=theta, log_w=log_w, velocity=velocity, anchor=anchor, anchor_grad=anchor_grad,
-            posterior_var=posterior_var, evidence_var=evidence_var, summary=sums[k], context=p.context,
-            blocks=old.blocks + 1,
+        st = SGAISState(  # old._replace(...) of these fields, built directly (namedtuple's _replace costs microseconds)
+            theta, log_w, velocity, anchor, anchor_grad, old.n_anchor, posterior_var, old.history, p.context,
+            old.blocks + 1, old.n_reanneal, old.n_change, evidence_var, old.degraded, sums[k],
         )  # fmt: skip
         if stats.guard_tripped[k] and st.degraded is None:
             st = st._replace(degraded=GUARD_REASON.format(s0.max_annealing_steps))
