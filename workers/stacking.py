@@ -39,7 +39,6 @@ so a model's trace is the same bits alone or in any stack (``tests/workers/test_
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, overload
@@ -128,9 +127,8 @@ def stack_key(model: Model) -> tuple[Any, ...]:
     control flow, dtype and device (:data:`PER_MODEL_SETTINGS` may differ).
 
     Kept on the model with the settings object it was computed from (a model's family is fixed; its settings are
-    replaced, never changed: they are frozen), so a round groups its populations without hashing each one's
-    settings: each challenger has settings of its own (its seed), which missed :func:`_settings_key`'s cache once
-    and were hashed again in every round."""
+    replaced, never changed: they are frozen), so a round groups its populations without reading each one's
+    settings again."""
     got = model.__dict__.get("_stack_key")
     if got is not None and got[0] is model.settings:
         return got[1]
@@ -139,12 +137,15 @@ def stack_key(model: Model) -> tuple[Any, ...]:
     return key
 
 
-@functools.lru_cache(maxsize=4096)
+#: The sampler settings a stack key holds (every field but :data:`PER_MODEL_SETTINGS`), in name order.
+_KEY_FIELDS = tuple(sorted(f for f in SamplerSettings.model_fields if f not in PER_MODEL_SETTINGS))
+
+
 def _settings_key(s: SamplerSettings) -> tuple[Any, ...]:
-    """The part of :func:`stack_key` from the (frozen, hashable) sampler settings, computed once per distinct
-    settings: every round groups its models by it."""
-    rest = tuple(sorted((k, v) for k, v in s.model_dump().items() if k not in PER_MODEL_SETTINGS))
-    return (rest, str(s.torch_dtype), str(s.torch_device))
+    """The part of :func:`stack_key` from the sampler settings: ``((name, value), …)`` of :data:`_KEY_FIELDS`, dtype
+    and device.  Read field by field (every field is a scalar): each new challenger has settings of its own (its
+    seed), and a ``model_dump`` of them cost tens of microseconds a challenger."""
+    return (tuple((k, getattr(s, k)) for k in _KEY_FIELDS), str(s.torch_dtype), str(s.torch_device))
 
 
 def init_state(generator: torch.Generator, family: Family, settings: SamplerSettings) -> SGAISState:
