@@ -134,6 +134,41 @@ def test_alone_and_stacked_are_bit_identical(alone, names: list[str]) -> None:
         assert any(i.reannealed for i in got["ar-a"])
 
 
+def test_stack_key_follows_replaced_settings_and_reads_every_shared_field() -> None:
+    """The key kept on a model is recomputed when its settings object is replaced (a challenger's ESS target, a
+    confirmed challenger's settings), and it holds every setting outside PER_MODEL_SETTINGS, as a model_dump would."""
+    from workers.stacking import PER_MODEL_SETTINGS, _settings_key
+
+    a, b = _engine("gmm-a"), _engine("gmm-b")
+    assert stack_key(a) == stack_key(b)
+    a.settings = a.settings.model_copy(update={"batch_size": a.settings.batch_size + 1})
+    assert stack_key(a) != stack_key(b)
+    a.settings = a.settings.model_copy(update={"batch_size": b.settings.batch_size, "seed": 999, "learning_rate": 0.05})
+    assert stack_key(a) == stack_key(b)  # the seed and the per-model settings may differ within a stack
+    s = a.settings
+    dumped = tuple(sorted((k, v) for k, v in s.model_dump().items() if k not in PER_MODEL_SETTINGS))
+    assert _settings_key(s) == (dumped, str(s.torch_dtype), str(s.torch_device))
+
+
+def test_put_keeps_the_fields_a_step_left_unchanged() -> None:
+    """StackState.put copies a sub-stack's changed fields into their rows and keeps, uncopied, the ones the step
+    returned as selected (workers.stacking then keeps each model's own tensor for them)."""
+    from workers.sgais import StackState
+
+    g = torch.Generator().manual_seed(0)
+    K, M, D = 4, 3, 2
+    full = StackState(*(torch.randn(*shape, generator=g, dtype=D64) for shape in
+                        [(K, M, D), (K, M), (K, M, D), (K, M, D), (K, M, D), (K, D), (K,)]))  # fmt: skip
+    idx = torch.tensor([1, 3])
+    picked = full.select(idx)
+    sub = picked._replace(theta=picked.theta + 1.0, log_w=picked.log_w - 1.0)
+    out = full.put(idx, sub, picked)
+    for name in ("velocity", "anchor", "anchor_grad", "posterior_var", "evidence_var"):
+        assert getattr(out, name) is getattr(full, name), name
+    assert torch.equal(out.theta[idx], full.theta[idx] + 1.0) and torch.equal(out.theta[[0, 2]], full.theta[[0, 2]])
+    assert torch.equal(out.log_w, full.put(idx, sub).log_w)  # the same values as a put without picked
+
+
 def test_models_of_a_stack_share_the_key_and_hyperparameters_become_rows() -> None:
     a, b, c = _engine("gmm-a"), _engine("gmm-b"), _engine("lr-a")
     assert stack_key(a) == stack_key(b) != stack_key(c)
