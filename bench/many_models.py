@@ -2,7 +2,7 @@
 
     python bench/many_models.py [--part gmm,ar] [--models 128] [--chunks 20] [--warm-chunks 0] [--ar-models 1000]
                                 [--ar-chunks 4] [--load 0] [--workers 1] [--no-changepoints] [--paced]
-                                [--redis-url URL]
+                                [--lone-repeats 1] [--redis-url URL]
 
 Part ``gmm`` (acceptance 1): ``--models`` one-component gmm models with different priors (variance shape and
 scale, mean scale) and seeds on one stream, and one model alone on another stream, each fed the same
@@ -18,6 +18,9 @@ more SGHMC moves per block, and change-point challengers started at 10, 20, 40, 
 With ``--paced`` each timed chunk is posted once every model has processed the one before, as a live feed arrives
 (without it the chunks are posted back to back and the worker reads several of a model's chunks at a time); the
 elapsed time is then the sum of the chunks' own, and the CPU per model-block of each process is what to compare.
+With ``--lone-repeats N`` the lone model is timed N times in all, the extra runs on fresh streams after the many: on a
+machine whose speed drifts, one lone run can be half or twice another (session 39: 8.6 to 20.4 ms per block), and the
+ratio with it; the ratio to the first run stays acceptance 1's, the one to the runs' median is printed beside it.
 
 Part ``ar`` (acceptance 2): ``--ar-models`` AR(1) models on one stream and one worker, fed ``--ar-chunks``
 5-observation chunks: sustained model-blocks/s over the chunks after the first (the first includes the
@@ -150,6 +153,7 @@ def part_gmm(
     changepoints: bool,
     warm_chunks: int = 0,
     paced: bool = False,
+    lone_repeats: int = 1,
 ) -> dict:
     data = gmm_chunks(warm_chunks + n_chunks)
     early, timed = data[:warm_chunks], data[warm_chunks:]
@@ -178,6 +182,8 @@ def part_gmm(
     service_run(base, f"warm-{tag}", data[:3], 1, in_flight=1, model_fn=fn)  # the worker's lazy imports
     t_one, _ = run(f"one-{tag}", 1)
     t_many, cpu = run(f"many-{tag}", n_models)
+    # the lone model again on fresh streams after the many (--lone-repeats): how far one lone run is from another
+    t_ones = [t_one] + [run(f"one{j}-{tag}", 1)[0] for j in range(1, lone_repeats)]
     y = [v for c in data for v in c["y"]]
     errors, statuses = [], {}
     with httpx.Client(base_url=base, timeout=60) as client:
@@ -192,7 +198,10 @@ def part_gmm(
                 errors.append(ev["log_evidence"] - exact)
                 statuses[ev["status"]] = statuses.get(ev["status"], 0) + 1
             client.delete(f"/v1/streams/{stream}").raise_for_status()
+        for j in range(1, lone_repeats):
+            client.delete(f"/v1/streams/one{j}-{tag}").raise_for_status()
     one_rate, many_rate = n_chunks / t_one, n_models * n_chunks / t_many
+    median_one = statistics.median(t_ones)
     return {
         "one_ms_per_block": 1000 * t_one / n_chunks,
         "one_engine_ms_per_block": engine_ms,
@@ -200,6 +209,8 @@ def part_gmm(
         "many_model_blocks_per_s": many_rate,
         "many_ms_per_model_block": 1000 * t_many / (n_models * n_chunks),
         "ratio": many_rate / one_rate,
+        "one_ms_per_block_runs": [1000 * t / n_chunks for t in t_ones],
+        "ratio_to_median_one": many_rate / (n_chunks / median_one),
         "max_abs_error_nats": max(abs(e) for e in errors),
         "mean_error_nats": sum(errors) / len(errors),
         "within_5_nats": sum(abs(e) <= 5 for e in errors),
@@ -262,6 +273,13 @@ def main() -> None:
         help="post each timed chunk once every model has processed the one before (a live feed; the default posts "
         "them back to back and the worker reads them in batches)",
     )
+    ap.add_argument(
+        "--lone-repeats",
+        type=int,
+        default=1,
+        help="gmm: time the lone model this many times in all (the extra runs on fresh streams after the many) and "
+        "print the ratio to their median beside the acceptance's ratio to the first",
+    )
     ap.add_argument("--ar-models", type=int, default=1000)
     ap.add_argument("--ar-chunks", type=int, default=4)
     ap.add_argument("--load", type=int, default=0, help="CPU-bound processes beside the run")
@@ -283,7 +301,10 @@ def main() -> None:
         try:
             tag = f"{args.load}-{int(time.time())}"
             if "gmm" in args.part:
-                r = part_gmm(base, server.pid, tmp, tag, args.models, args.chunks, cps, args.warm_chunks, args.paced)
+                r = part_gmm(
+                    base, server.pid, tmp, tag, args.models, args.chunks, cps, args.warm_chunks, args.paced,
+                    args.lone_repeats,
+                )  # fmt: skip
                 results["gmm"] = r
                 print(
                     f"gmm load={args.load} workers={args.workers} changepoints={cps} warm_chunks={args.warm_chunks} "
@@ -300,6 +321,10 @@ def main() -> None:
                     f"CPU per model-block of the many: {_cpu_text(r['many_cpu_ms_per_model_block'])}",
                     flush=True,
                 )
+                if args.lone_repeats > 1:
+                    runs = ", ".join(f"{v:.1f}" for v in r["one_ms_per_block_runs"])
+                    print(f"  the lone model's runs: {runs} ms/block; the {args.models} models against their median: "
+                          f"{r['ratio_to_median_one']:.1f}x", flush=True)  # fmt: skip
             if "ar" in args.part:
                 r = part_ar(base, server.pid, tmp, tag, args.ar_models, args.ar_chunks, cps)
                 results["ar"] = r
