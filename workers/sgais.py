@@ -120,12 +120,10 @@ class StackState(NamedTuple):
     def select(self, idx: torch.Tensor) -> StackState:
         return StackState(*(t[idx] for t in self))
 
-    def put(self, idx: torch.Tensor, sub: StackState, picked: StackState | None = None) -> StackState:
+    def put(self, idx: torch.Tensor, sub: StackState, picked: StackState) -> StackState:
         """``self`` with the rows ``idx`` replaced by ``sub``'s.  ``picked``: ``self.select(idx)``, from which ``sub``
         was computed; a field that ``sub`` holds unchanged from it (the same tensor: e.g. the velocities of a step
         without SGHMC moves) keeps ``self``'s tensor, uncopied, so that :mod:`workers.stacking` sees it unchanged."""
-        if picked is None:
-            return StackState(*(t.index_copy(0, idx, s) for t, s in zip(self, sub, strict=True)))
         return StackState(
             *(t if s is p else t.index_copy(0, idx, s) for t, s, p in zip(self, sub, picked, strict=True))
         )  # fmt: skip

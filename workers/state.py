@@ -83,8 +83,7 @@ class SGAISState(NamedTuple):
         SGHMC's own bias: +0.02…+0.19 with exact draws in place of the moves, ad hoc).  The correction assumes a
         small σ²: with an ESS near 1 (plain importance sampling from the prior, say) σ̂² reaches several nats² and so
         does the correction, inside an error bar as wide."""
-        summary = self._summary()  # the two properties' arithmetic from one look-up (read for every population a block)
-        return summary[2] + 0.5 * (summary[5] + summary[3])
+        return self.log_evidence_uncorrected + 0.5 * self.log_evidence_var
 
     @property
     def log_evidence_uncorrected(self) -> float:
