@@ -248,6 +248,13 @@ class Attempts:
             )
         )
 
+    def give_back_many(self, calls: list[tuple[str, str, str]]) -> list[bool | Exception]:
+        """:meth:`settle` with no reason (the attempt given back) for each ``(tenant, model, attempt_id)`` of
+        ``calls``, in ONE round trip: per call whether it was written, or its script's error.  A connection failure
+        raises."""
+        scripts = [([attempts_key(self.keys, t, model)], [attempt_id, "", ""]) for t, model, attempt_id in calls]
+        return [r if isinstance(r, Exception) else bool(r) for r in run_calls(self.r, self._settle, scripts)]
+
     def parked(self, refs: list[tuple[str, str]], now: float | None = None) -> set[tuple[str, str]]:
         """The ``(tenant, model)`` of ``refs`` parked after a budget overrun (one round trip)."""
         if not refs:
@@ -355,6 +362,13 @@ class QuarantineHooks:
         """The attempt ended well without a commit (a restore): give it back."""
         self.attempts.settle(h.tenant, h.name, h.attempt_id)
         h.attempt_id = ""
+
+    def end_attempts(self, hs: list[Any]) -> None:
+        """:meth:`end_attempt` of each model of ``hs``, in one round trip (:meth:`Attempts.give_back_many`).  An
+        attempt another worker's began meanwhile is left to it, as :meth:`end_attempt` leaves it."""
+        self.attempts.give_back_many([(h.tenant, h.name, h.attempt_id) for h in hs])
+        for h in hs:
+            h.attempt_id = ""
 
     def arm_budget(self, h: Any) -> None:
         """Give the freshly built engine of ``h`` its block budget (checked inside every block)."""

@@ -179,3 +179,50 @@ def test_a_block_over_budget_is_aborted_degraded_and_later_absorbed_exactly_once
     assert body["status"] == "ok" and body["error"] is None
     trace = api.get("/v1/models/slow/trace", params={"limit": 1000}).json()["items"]
     assert strip(trace) == strip(reference_trace(SLOW_MODEL, chunks))
+
+
+class Crash(BaseException):
+    """The worker process dying mid-restore: not an ``Exception``, so nothing of the worker's handles it."""
+
+
+def test_a_worker_killed_while_loading_a_batch_quarantines_only_the_culprit(api, settings, monkeypatch):
+    """The models one scan leases are restored together (``Worker.load_many``): a worker that dies building one of
+    them leaves an unfinished restore attempt on each.  The next workers load those models one at a time, so the
+    culprit, which kills them again, is quarantined after ``max_block_attempts`` and the innocent ones are not
+    (loading them together again would count a second attempt against each, and the third worker would quarantine
+    all three)."""
+    for name in ("a", "c", "p"):
+        seed = 666 if name == "p" else 3
+        create(api, name, "s", {**SMALL_MODEL, "sampler": {**SMALL_MODEL["sampler"], "seed": seed}})
+    init = SegmentedEngine.__init__
+
+    def crashing_init(self, main, cps=None):
+        if main.settings.seed == 666:
+            raise Crash
+        init(self, main, cps)
+
+    monkeypatch.setattr(SegmentedEngine, "__init__", crashing_init)
+    s = settings.model_copy(update={"max_block_attempts": 2})
+    attempts = Attempts(redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix), "test")
+    for crashes in (True, True, False):  # the second worker dies on the culprit alone, the third quarantines it
+        w = Worker(s)
+        w.heartbeat()
+        if crashes:
+            with pytest.raises(Crash):
+                w.scan()
+            for name in ("a", "c", "p"):  # the process is gone: its leases and heartbeat lapse
+                w.r.delete(w.keys.lease("default", name))
+            w.r.delete(w.keys.worker(w.id))
+            w.r.zrem(w.keys.workers, w.id)
+        else:
+            w.scan()
+    assert sorted(w.held) == ["default/a", "default/c"]
+    body = evidence(api, "p")
+    assert body["status"] == "error" and "quarantined after 2 failed attempts" in body["error"], body
+    assert attempts.record("default", "a")["attempts"] == "1"  # the first worker's, never given back
+    post(api, "s", linear_chunks(1, 20, seed=1)[0])
+    while w.step():
+        pass
+    for name in ("a", "c"):
+        assert evidence(api, name)["status"] == "ok"
+        assert evidence(api, name)["chunks_processed"] == 1

@@ -39,7 +39,7 @@ from workers.worker.blocks import Block, RoundChunks, change_fields
 from workers.worker.leases import Heartbeat, Held, Leases
 from workers.worker.metrics import ALERTS, BLOCK_SECONDS, LEASES, OBSERVATIONS
 from workers.worker.posterior import StreamPosteriors
-from workers.worker.restore import restore
+from workers.worker.restore import fresh_engines, restore, restore_from
 
 log = logging.getLogger("sgais.worker")
 
@@ -187,17 +187,20 @@ class Worker(quarantine.QuarantineHooks):
         """Lease models up to a fair share of the live workers' measured load (releasing models towards the
         least-loaded worker: :meth:`Leases.discover`) and restore them."""
         self._scan_at = time.monotonic()
-        for h in self.leases.discover(self.s.heartbeat_seconds):
+        found = self.leases.discover(self.s.heartbeat_seconds)
+        for h in found:
             self.leases.add(h)  # held (so renewed by the heartbeat) while its history is replayed
-            try:
-                if not self.load(h):
-                    self.leases.release(h)
-            except LeaseLost:
-                self.leases.drop(h.ref)
-            except Exception as err:  # quarantine: counted, error after max_block_attempts
-                if not self.model_failed(h, err):
-                    raise
-                self.leases.drop(h.ref)
+        self.load_many(found)
+
+    def load_failed(self, h: Held, err: Exception) -> None:
+        """A freshly leased model's load raised ``err``: dropped (a lost lease), or quarantined (counted, error after
+        ``max_block_attempts``); Redis outages are re-raised."""
+        if isinstance(err, LeaseLost):
+            self.leases.drop(h.ref)
+            return
+        if not self.model_failed(h, err):
+            raise err
+        self.leases.drop(h.ref)
 
     def drop_lost(self) -> None:
         """Drop the models whose lease the heartbeat found lost."""
@@ -212,6 +215,92 @@ class Worker(quarantine.QuarantineHooks):
         self.leases.drop(h.ref)
         if self.r.exists(self.keys.model(h.tenant, h.name)):
             self.scripts.count_loss(self.id, h.tenant, h.name, retried_blocks)
+
+    def load_many(self, hs: list[Held]) -> None:
+        """Restore (or create) the engines of freshly leased models (:meth:`load` of each) in four round trips for
+        all: their configs, checkpoints and attempt records read at once, their restore attempts begun at once
+        (:meth:`begin_attempts`) and given back at once, the fresh models' initial checkpoints committed at once
+        (:meth:`Scripts.commit_many`).  A model gone from the registry is released.  A model with an attempt at
+        its checkpoint's cursor that neither committed nor was given back (a worker died while it ran, or it
+        failed and is retried) is loaded alone, after the others, as :meth:`advance_many` runs such a model alone:
+        a worker killed while restoring one model of a batch counts an attempt against every model of it, which
+        would otherwise quarantine the innocent ones with the culprit.
+
+        Why: one model at a time a load took eight round trips, and 128 models registered back to back kept a
+        worker loading them (4 ms of its CPU each) after their first chunks had arrived (bench/README.md, session
+        40).
+        """
+        if not hs:
+            return
+        batch, suspects = self._leased_records(hs)
+        cursors = [ckpt.get(b"cursor", b"0-0") for _, _, ckpt in batch]
+        errors = self.begin_attempts([h for h, *_ in batch], cursors, "restore") if batch else []
+        # the fresh models' engines built together (their prior draws in one call), each as it is alone
+        new = [h for (h, _, ckpt), error in zip(batch, errors, strict=True) if error is None and b"state" not in ckpt]
+        fresh = dict(zip((h.ref for h in new), fresh_engines([h.cfg for h in new]), strict=True))
+        loaded: list[tuple[Held, bool]] = []
+        for (h, raw, ckpt), error in zip(batch, errors, strict=True):
+            try:
+                if error is not None:
+                    raise error
+                # the chunks committed after the stored state are re-absorbed in the rounds (load)
+                restored = restore_from(self.r, self.keys, h, raw, ckpt, catch_up_now=False, fresh=fresh.get(h.ref))
+                assert restored is not None  # its config was read
+                loaded.append((h, restored))
+            except Exception as err:
+                self.load_failed(h, err)
+        if loaded:
+            self.end_attempts([h for h, _ in loaded])  # restored: the attempts are given back
+        self._loaded([h for h, restored in loaded if restored], [h for h, restored in loaded if not restored])
+        for h in suspects:
+            try:
+                if not self.load(h):
+                    self.leases.release(h)
+            except Exception as err:
+                self.load_failed(h, err)
+
+    def _leased_records(self, hs: list[Held]) -> tuple[list[tuple[Held, bytes, dict[bytes, bytes]]], list[Held]]:
+        """:meth:`load_many`'s read, in one round trip: ``(model, config, checkpoint hash)`` of the models to load
+        together, and the suspects to load alone; a model gone from the registry is released."""
+        pipe = self.r.pipeline(transaction=False)
+        for h in hs:
+            pipe.get(self.keys.model(h.tenant, h.name))
+            pipe.hgetall(self.keys.checkpoint(h.tenant, h.name))
+            pipe.hmget(quarantine.attempts_key(self.keys, h.tenant, h.name), "cursor", "attempts")
+        got = pipe.execute()
+        batch: list[tuple[Held, bytes, dict[bytes, bytes]]] = []
+        suspects: list[Held] = []
+        for h, raw, ckpt, (at, attempts) in zip(hs, got[::3], got[1::3], got[2::3], strict=True):
+            if raw is None:
+                self.leases.release(h)
+            elif at == ckpt.get(b"cursor", b"0-0") and int(attempts or 0) > 0:
+                suspects.append(h)
+            else:
+                h.cfg = json.loads(raw)  # begin_attempts fingerprints it
+                batch.append((h, raw, ckpt))
+        return batch, suspects
+
+    def _loaded(self, restored: list[Held], fresh: list[Held]) -> None:
+        """:meth:`load_many`'s last step: each engine's block budget; the stream posterior of each restored model
+        (a worker killed between a commit and its stream-posterior update left that update undone); the fresh
+        models' initial checkpoints, in one round trip."""
+        for h in [*restored, *fresh]:
+            self.arm_budget(h)  # the block budget, checked inside the engine
+        for h in restored:
+            try:
+                self.update_stream_posterior(h, self.posteriors.state(h), [])
+            except Exception as err:
+                self.load_failed(h, err)
+        if not fresh:
+            return
+        replies = self.scripts.commit_many([self.commit_call(h, b"0-0", 0, [], []) for h in fresh])
+        for h, reply in zip(fresh, replies, strict=True):
+            try:
+                if isinstance(reply, Exception):
+                    raise reply
+                self.committed(h, b"0-0", 0, [], [], reply, with_state=True)
+            except Exception as err:
+                self.load_failed(h, err)
 
     def load(self, h: Held) -> bool:
         """Restore (or create) the engine of a freshly leased model.  False if the model is gone."""

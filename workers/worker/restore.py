@@ -15,7 +15,9 @@ from typing import Any
 import redis
 
 from workers import alerts as detector_lib
+from workers.engine import ModelEngine
 from workers.segmented import SegmentedEngine
+from workers.stacking import init_states
 from workers.store import records
 from workers.store.keys import Keys
 from workers.worker.blocks import absorb_chunk
@@ -38,11 +40,31 @@ def restore(r: redis.Redis, keys: Keys, h: Held, *, catch_up_now: bool = True) -
     ValueError
         A checkpoint or model config the engine cannot restore.
     """
-    raw = r.get(keys.model(h.tenant, h.name))
+    pipe = r.pipeline(transaction=False)
+    pipe.get(keys.model(h.tenant, h.name))
+    pipe.hgetall(keys.checkpoint(h.tenant, h.name))
+    raw, ckpt = pipe.execute()
+    return restore_from(r, keys, h, raw, ckpt, catch_up_now=catch_up_now)
+
+
+def restore_from(
+    r: redis.Redis,
+    keys: Keys,
+    h: Held,
+    raw: bytes | None,
+    ckpt: dict[bytes, bytes],
+    *,
+    catch_up_now: bool = True,
+    fresh: SegmentedEngine | Exception | None = None,
+) -> bool | None:
+    """:func:`restore` from the model's config ``raw`` (None: the model is gone) and checkpoint hash ``ckpt`` read by
+    the caller (:meth:`workers.worker.loop.Worker.load_many` reads every leased model's in one round trip).
+    ``fresh``: the model's new engine (or the exception its creation raised) if the caller built it
+    (:func:`fresh_engines`), used when the checkpoint holds no state.  Returns and raises as :func:`restore`; Redis
+    is read only to replay the stream log."""
     if raw is None:
         return None
     h.cfg = json.loads(raw)
-    ckpt = r.hgetall(keys.checkpoint(h.tenant, h.name))
     if b"state" in ckpt:
         h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
         h.detector = json.loads(ckpt[b"detector"])
@@ -57,9 +79,38 @@ def restore(r: redis.Redis, keys: Keys, h: Held, *, catch_up_now: bool = True) -
         else:
             h.unsaved, h.replay_from = 0, (None if at == h.cursor else at)
         return True
-    h.engine = SegmentedEngine.create(h.cfg["family"], h.cfg["params"], h.cfg["sampler"], changepoint_settings(h.cfg))
+    if isinstance(fresh, Exception):
+        raise fresh
+    h.engine = fresh or SegmentedEngine.create(
+        h.cfg["family"], h.cfg["params"], h.cfg["sampler"], changepoint_settings(h.cfg)
+    )
     h.cursor, h.chunks, h.detector = b"0-0", 0, detector_lib.initial_state()
     return False
+
+
+def fresh_engines(cfgs: list[dict[str, Any]]) -> list[SegmentedEngine | Exception]:
+    """New engines of the model configs ``cfgs`` (``SegmentedEngine.create`` of each), their populations' prior draws
+    taken by one :func:`workers.stacking.init_states` call: each engine bit for bit the one it gets alone (its draws
+    from its own generator).  Per config its engine, or the exception creating it raised (a config the engine
+    refuses: ``ValueError``; prior draws that are not finite: :class:`workers.sgais.NumericalError`).
+
+    Why: 128 models registered back to back cost a worker about 2 ms of CPU each to create one at a time, most of it
+    the per-call overhead of building a 50-particle state (bench/README.md, session 40)."""
+    out: list[SegmentedEngine | Exception] = []
+    for cfg in cfgs:
+        try:
+            main = ModelEngine(cfg["family"], cfg["params"], cfg["sampler"], _init_state=False)
+            out.append(SegmentedEngine(main, changepoint_settings(cfg)))
+        except Exception as err:
+            out.append(err)
+    made = [(i, e.main) for i, e in enumerate(out) if isinstance(e, SegmentedEngine)]
+    states = init_states([(m.generator, m.family, m.settings) for _, m in made])
+    for (i, main), st in zip(made, states, strict=True):
+        if isinstance(st, Exception):
+            out[i] = st
+        else:
+            main.state = st
+    return out
 
 
 def replay(r: redis.Redis, keys: Keys, h: Held, end: bytes, page: int = 256) -> Iterator[tuple[Any, Any]]:
