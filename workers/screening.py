@@ -40,20 +40,24 @@ PROBE_SEED = 20_260_101
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _cache: OrderedDict[str, tuple[Family, torch.Tensor, torch.dtype]] = OrderedDict()
 _cache_lock = Lock()
-_CACHE_SIZE = 256
+# each chunk looks up every model of its stream in order: a stream of more distinct configs than the cache holds would
+# miss every one of them at every chunk (least-recently-used order), so the cache holds many (an entry: a family and
+# its PROBES draws, a few kB)
+_CACHE_SIZE = 4096
 _stacks: OrderedDict[tuple[str, ...], tuple[StackedFamily, torch.Tensor]] = OrderedDict()
 _STACKS_SIZE = 64
 
 
-def _probe(config_key: str) -> tuple[Family, torch.Tensor, torch.dtype]:
-    """The family and its fixed prior draws ``theta: [PROBES, D]`` for a model configuration (cached)."""
+def _probe(config_key: str, family: Family | None = None) -> tuple[Family, torch.Tensor, torch.dtype]:
+    """The family and its fixed prior draws ``theta: [PROBES, D]`` for a model configuration (cached).
+    ``family``: the configuration's family if the caller built it already."""
     with _cache_lock:
         hit = _cache.get(config_key)
         if hit is not None:
             _cache.move_to_end(config_key)
             return hit
     family_name, params, dtype_name = json.loads(config_key)
-    family = make_family(family_name, params)
+    family = family or make_family(family_name, params)
     dtype = _DTYPES.get(dtype_name, torch.float64)
     g = torch.Generator().manual_seed(PROBE_SEED)
     theta = family.sample_prior(g, PROBES, dtype=torch.float64).to(dtype)
@@ -62,6 +66,16 @@ def _probe(config_key: str) -> tuple[Family, torch.Tensor, torch.dtype]:
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return family, theta, dtype
+
+
+def prepare(cfg: dict, family: Family) -> None:
+    """Draw and cache the probes of a new model (config ``cfg``, its ``family`` as built by the caller), so that the
+    first chunk of its stream does not draw them.
+
+    Why: the API registers a model once and screens every chunk of its stream with it; a stream's first chunk
+    after 128 registrations drew the 128 models' probes (5-6 ms each here: the family built again and four prior
+    draws), 0.7 s before the chunk was accepted (bench/README.md, session 40)."""
+    _probe(config_key(cfg), family)
 
 
 def config_key(cfg: dict) -> str:

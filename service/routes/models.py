@@ -13,7 +13,7 @@ from service import quotas
 from service.bodies import loads_strict, pydantic_422, read_body
 from service.deps import KeysDep, RedisDep, SettingsDep, TenantDep
 from service.schemas import BODY_RESPONSES, ERROR_RESPONSES, NOT_FOUND, TOO_MANY, ModelCreate, ModelList, ModelOut, Name
-from workers import admission
+from workers import admission, screening
 from workers.alerts import AlertSettings
 from workers.settings import SamplerSettings
 from workers.store import reads as store
@@ -110,6 +110,7 @@ async def create_model(
         "created_at": datetime.now(UTC).isoformat(),
     }
     await store.create_model(r, keys, tenant, cfg, family.observation_schema())
+    screening.prepare(cfg, family)  # its chunk screening's probes, drawn now rather than at its stream's next chunk
     return cfg
 
 

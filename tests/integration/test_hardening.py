@@ -525,6 +525,25 @@ def test_a_streams_models_screened_together_answer_as_each_alone():
     assert "'g32'" in screening.first_nonfinite_row_among(configs, None, y)[1]
 
 
+def test_a_new_models_probes_are_drawn_at_its_registration(settings, monkeypatch):
+    """The API draws a new model's screening probes when it registers the model, with the family it built to
+    validate it: the stream's next chunk is screened without building that family again (a stream's first chunk
+    after 128 registrations drew 128 models' probes); the screen still refuses what it refused."""
+    screening._cache.clear()
+    screening._stacks.clear()
+    model = {"name": "fresh", "stream": "fresh", "family": "gmm", "params": {"dim": 1, "components": 1}}
+    with TestClient(create_app(settings, workers=0)) as c:
+        assert c.post("/v1/models", json=model).status_code == 201
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the probes were drawn at the chunk")
+
+        monkeypatch.setattr(screening, "make_family", refuse)
+        assert c.post("/v1/streams/fresh/chunks", json={"y": [0.5, 1.0]}).status_code == 202
+        res = c.post("/v1/streams/fresh/chunks", json={"y": [0.5, 1e308]})
+        assert res.status_code == 422 and "log-likelihood" in res.text, res.text
+
+
 def test_large_bodies_are_parsed_in_the_parsing_process(hardened, settings):
     """Bodies over 1 MiB take the out-of-process path: same acks, same 422s (with the row), over HTTP and
     over the WebSocket."""
