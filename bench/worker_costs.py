@@ -12,7 +12,8 @@ one pass per chunk (a state stored with every chunk).
 The collector runs with the worker process's settings (:func:`workers.runner.quiet_gc`; without them it took about
 a quarter of the time, session 24).  Prints the worker thread's CPU per model-block (``time.thread_time``: the API's
 posting is not counted), in ``workers.segmented.advance_blocks`` (the engine) and outside it, then the CPU of the
-main bookkeeping steps (each wrapped, so about 1 µs a call is the wrapper's), per model-block.  With ``--restore``
+main bookkeeping steps (each wrapped, so about 1 µs a call is the wrapper's), per model-block, and the CPU of the
+worker's first scan per model (leasing and creating the registered models).  With ``--restore``
 the worker then dies (its leases and heartbeat dropped, nothing flushed) and a new one restores every model: the new
 worker's CPU per model, and how many committed chunks each had to re-absorb since its stored state (a failover's
 cost, ``workers.worker.loop.Worker.state_due``).  Runs against any
@@ -95,7 +96,7 @@ def main() -> None:
         timed(owner, name, label)
     settings = Settings(redis_url=args.redis_url, key_prefix=f"worker-costs-{uuid.uuid4().hex[:8]}", api_keys="")
     data = gmm_chunks(args.warm + args.chunks)
-    step_cpu = restore_cpu = 0.0
+    step_cpu = restore_cpu = load_cpu = 0.0
     unsaved: list[int] = []
     try:
         with TestClient(create_app(settings, workers=0)) as c:
@@ -104,7 +105,10 @@ def main() -> None:
             worker = Worker(settings)
             quiet_gc()  # the worker process's collector settings (workers.runner.main), after the Worker as there
             worker.heartbeat()
-            worker.scan()
+            t0 = time.thread_time()
+            worker.scan()  # leases and creates every model (their initial checkpoints committed)
+            load_cpu = time.thread_time() - t0
+            assert len(worker.leases.snapshot()) == args.models
 
             def feed(chunks: list[dict], per_chunk: bool) -> float:
                 cpu = 0.0
@@ -149,6 +153,10 @@ def main() -> None:
     )
     for _, _, label in STEPS[1:]:
         print(f"  {label:44s} {1e6 * CPU[label] / n:7.1f} us")
+    print(
+        f"the worker's first scan (leases and creates every model): {1000 * load_cpu / args.models:.2f} ms of CPU "
+        "per model"
+    )
     if args.restore:
         print(
             f"restore by a new worker: {1000 * restore_cpu / args.models:.2f} ms of CPU per model; chunks committed "

@@ -146,6 +146,12 @@ def _search(
     """:func:`solve_increment`'s search for the rows ``todo: [K]`` (``CESS(rem) < target``) -> the increments ``[K]``.
 
     Raises FloatingPointError when no positive increment meets a row's target."""
+    searching = np.flatnonzero(todo)
+    if len(searching) < len(todo):  # the search on those rows alone (a row's arithmetic is its own: the same bits)
+        out = rem.copy()
+        out[searching] = _search(log_W[searching], log_lik[searching], target[searching], rem[searching],
+                                 todo[searching], tolerance, ess_tolerance, max_iterations)  # fmt: skip
+        return out
     M = log_W.shape[-1]
     # First guess from the second-order expansion (solve_increment's docstring); rem/2 where it is useless.
     W = np.exp(log_W)
@@ -162,7 +168,14 @@ def _search(
     goal = np.log(M / target - 1.0)
     prev_log_d = prev_log_u = np.full_like(rem, np.nan)
     for it in range(3 * max_iterations):
-        value = _cess(log_W, log_lik, cand)
+        # the rows still searching only: each row's arithmetic is its own, so its value is the same bits computed
+        # alone, with the stack or with these rows
+        rows = np.flatnonzero(todo)
+        if len(rows) == len(todo):
+            value = _cess(log_W, log_lik, cand)
+        else:
+            value = np.full_like(cand, np.nan)  # the rows done: never read
+            value[rows] = _cess(log_W[rows], log_lik[rows], cand[rows])
         up = value >= target
         hit = todo & up & (value - target <= ess_tolerance * M)
         result = np.where(hit, cand, result)

@@ -60,6 +60,25 @@ def test_ess_solver_handles_asymmetric_log_likelihoods() -> None:
     assert float(conditional_ess(log_w, -log_lik - 1e4, delta)) >= 5.0 - 1e-3
 
 
+def test_ess_solver_gives_each_row_of_a_stack_its_own_bits() -> None:
+    """Rows that take their whole remainder (they never search), rows that stop early and rows that search long,
+    in one stack: each row's increment is the one it gets alone, bit for bit (the search runs on the rows still
+    searching only)."""
+    g = torch.Generator().manual_seed(5)
+    scales = torch.tensor([1e-3, 0.5, 3.0, 40.0, 1e-3, 300.0, 8.0], dtype=torch.float64)
+    log_lik = scales[:, None] * torch.randn(7, 30, generator=g, dtype=torch.float64)
+    log_w = torch.randn(7, 30, generator=g, dtype=torch.float64)
+    target = torch.tensor([27.0, 29.9, 20.0, 9.0, 29.0, 21.0, 3.0], dtype=torch.float64)
+    remaining = torch.tensor([1.0, 0.7, 1.0, 0.2, 1.0, 1.0, 0.05], dtype=torch.float64)
+    stacked = solve_increment(log_w, log_lik, target=target, remaining=remaining)
+    alone = [
+        solve_increment(log_w[k], log_lik[k], target=float(target[k]), remaining=float(remaining[k])) for k in range(7)
+    ]
+    assert stacked.tolist() == alone
+    assert stacked[0] == remaining[0] and stacked[4] == remaining[4]  # these two never searched
+    assert (stacked[[1, 2, 3, 5]] < remaining[[1, 2, 3, 5]]).all()
+
+
 def test_ess_solver_rejects_nan() -> None:
     with pytest.raises(FloatingPointError):
         solve_increment(torch.zeros(3), torch.tensor([0.0, float("nan"), 1.0]), target=1.5, remaining=1.0)
