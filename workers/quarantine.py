@@ -24,6 +24,12 @@ successful restore, a budget abort, a lease lost by a live worker) gives its att
 (:data:`SETTLE_LUA`, fenced by the attempt's id).  A Redis outage in the middle of a batch counts as a
 failed attempt (nothing can be written then).
 
+Models are loaded and advanced together (a worker's scan restores the models it leased in one batch; a round
+advances every held model's next chunk in one stacked update), each with its own attempt.  A worker that dies there
+leaves an attempt on every model of the batch, the culprit's and the innocent ones'; so a model whose record shows an
+attempt at its cursor runs alone, after the others (``Worker.load_many``, ``Worker.advance_many``): the culprit's
+next deaths are its own, and the innocent ones succeed alone and give their attempt back.
+
 **Block budget.**  A block (``block_size`` observations, one ``ModelEngine.update`` call, including any
 re-annealing it triggers) gets ``block_budget_seconds`` of wall-clock time.  The check runs at every
 log-likelihood / gradient evaluation of the model's family (each SGHMC step and each annealing step)

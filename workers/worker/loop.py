@@ -281,16 +281,23 @@ class Worker(quarantine.QuarantineHooks):
         return batch, suspects
 
     def _loaded(self, restored: list[Held], fresh: list[Held]) -> None:
-        """:meth:`load_many`'s last step: each engine's block budget; the stream posterior of each restored model
-        (a worker killed between a commit and its stream-posterior update left that update undone); the fresh
-        models' initial checkpoints, in one round trip."""
+        """:meth:`load_many`'s last step: each engine's block budget; the stream posterior of each stream with a
+        restored model (a worker killed between a commit and its stream-posterior update left that update undone),
+        checked once per stream, by its first restored model whose check does not fail (one round trip per model
+        took 43% of a restore's scan: 1.1 of 2.5 ms per model of 128 on one stream, session 40); the fresh models'
+        initial checkpoints, in one round trip."""
         for h in [*restored, *fresh]:
             self.arm_budget(h)  # the block budget, checked inside the engine
+        streams: dict[tuple[str, str], list[Held]] = {}
         for h in restored:
-            try:
-                self.update_stream_posterior(h, self.posteriors.state(h), [])
-            except Exception as err:
-                self.load_failed(h, err)
+            streams.setdefault((h.tenant, h.stream), []).append(h)
+        for members in streams.values():
+            for h in members:
+                try:
+                    self.update_stream_posterior(h, self.posteriors.state(h), [])
+                    break
+                except Exception as err:
+                    self.load_failed(h, err)
         if not fresh:
             return
         replies = self.scripts.commit_many([self.commit_call(h, b"0-0", 0, [], []) for h in fresh])

@@ -94,8 +94,8 @@ def fresh_engines(cfgs: list[dict[str, Any]]) -> list[SegmentedEngine | Exceptio
     from its own generator).  Per config its engine, or the exception creating it raised (a config the engine
     refuses: ``ValueError``; prior draws that are not finite: :class:`workers.sgais.NumericalError`).
 
-    Why: 128 models registered back to back cost a worker about 2 ms of CPU each to create one at a time, most of it
-    the per-call overhead of building a 50-particle state (bench/README.md, session 40)."""
+    Why: built one at a time, the engines were about half of the 4 ms of worker CPU that loading one of 128 freshly
+    registered models took (py-spy; bench/README.md, session 40): a 50-particle state is mostly per-call overhead."""
     out: list[SegmentedEngine | Exception] = []
     for cfg in cfgs:
         try:
