@@ -3,6 +3,7 @@ key prefix per test, and an app with in-process worker threads."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -50,6 +51,20 @@ _resolve_anyio_lazy_names()
 # this error (pyproject.toml, pytest-rerunfailures' --only-rerun), and the hook below writes the whole traceback,
 # unfiltered and with every thread's stack, to the log, so the next occurrence names the code.
 _RACE = "dictionary changed size during iteration"
+
+
+class _LoggerDict(dict):
+    """logging's registry of loggers, whose ``values()`` is a list taken in one C call (atomic under the GIL).
+
+    The hook below named the code in session 40's clean-clone CI: pytest's logging plugin, entering a test's "call"
+    phase (``_pytest/logging.py``, ``catching_logs.__enter__``), iterates ``logging.root.manager.loggerDict.values()``
+    without logging's lock, while a worker thread of the test's app (``sgais-worker-0``) created a logger."""
+
+    def values(self):  # type: ignore[override]
+        return list(super().values())
+
+
+logging.root.manager.loggerDict = _LoggerDict(logging.root.manager.loggerDict)
 
 
 @pytest.hookimpl(wrapper=True)
