@@ -57,7 +57,7 @@ def _probe(config_key: str, family: Family | None = None) -> tuple[Family, torch
             _cache.move_to_end(config_key)
             return hit
     family_name, params, dtype_name = json.loads(config_key)
-    family = family or make_family(family_name, params)
+    family = family if family is not None else make_family(family_name, params)
     dtype = _DTYPES.get(dtype_name, torch.float64)
     g = torch.Generator().manual_seed(PROBE_SEED)
     theta = family.sample_prior(g, PROBES, dtype=torch.float64).to(dtype)
@@ -73,8 +73,9 @@ def prepare(cfg: dict, family: Family) -> None:
     first chunk of its stream does not draw them.
 
     Why: the API registers a model once and screens every chunk of its stream with it; a stream's first chunk
-    after 128 registrations drew the 128 models' probes (5-6 ms each here: the family built again and four prior
-    draws), 0.7 s before the chunk was accepted (bench/README.md, session 40)."""
+    after 128 registrations drew the 128 models' probes (the family built again and four prior draws): 79 ms for
+    that POST against 19-26 ms for the next ones (29 ms with the probes drawn at registration; ad hoc, one run each,
+    bench/README.md, session 40)."""
     _probe(config_key(cfg), family)
 
 

@@ -109,8 +109,8 @@ async def create_model(
         "prior_probability": body.prior_probability,
         "created_at": datetime.now(UTC).isoformat(),
     }
-    await store.create_model(r, keys, tenant, cfg, family.observation_schema())
     screening.prepare(cfg, family)  # its chunk screening's probes, drawn now rather than at its stream's next chunk
+    await store.create_model(r, keys, tenant, cfg, family.observation_schema())
     return cfg
 
 

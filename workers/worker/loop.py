@@ -216,15 +216,16 @@ class Worker(quarantine.QuarantineHooks):
         if self.r.exists(self.keys.model(h.tenant, h.name)):
             self.scripts.count_loss(self.id, h.tenant, h.name, retried_blocks)
 
-    def load_many(self, hs: list[Held]) -> None:
-        """Restore (or create) the engines of freshly leased models (:meth:`load` of each) in four round trips for
-        all: their configs, checkpoints and attempt records read at once, their restore attempts begun at once
-        (:meth:`begin_attempts`) and given back at once, the fresh models' initial checkpoints committed at once
-        (:meth:`Scripts.commit_many`).  A model gone from the registry is released.  A model with an attempt at
-        its checkpoint's cursor that neither committed nor was given back (a worker died while it ran, or it
-        failed and is retried) is loaded alone, after the others, as :meth:`advance_many` runs such a model alone:
-        a worker killed while restoring one model of a batch counts an attempt against every model of it, which
-        would otherwise quarantine the innocent ones with the culprit.
+    def load_many(self, hs: list[Held], *, alone: bool = False) -> None:
+        """Restore (or create) the engines of freshly leased models in four round trips for all: their configs,
+        checkpoints and attempt records read at once, their restore attempts begun at once (:meth:`begin_attempts`)
+        and given back at once, the fresh models' initial checkpoints committed at once (:meth:`Scripts.commit_many`),
+        the restored models' stream posterior checked once per stream.  A model gone from the registry is released.
+        A model with an attempt at its checkpoint's cursor that neither committed nor was given back (a worker died
+        while it ran, or it failed and is retried) is loaded alone, after the others, as :meth:`advance_many` runs
+        such a model alone: a worker killed while restoring one model of a batch counts an attempt against every
+        model of it, which would otherwise quarantine the innocent ones with the culprit (``alone``: the models are
+        already so isolated).
 
         Why: one model at a time a load took eight round trips, and 128 models registered back to back kept a
         worker loading them (4 ms of its CPU each) after their first chunks had arrived (bench/README.md, session
@@ -232,19 +233,20 @@ class Worker(quarantine.QuarantineHooks):
         """
         if not hs:
             return
-        batch, suspects = self._leased_records(hs)
-        cursors = [ckpt.get(b"cursor", b"0-0") for _, _, ckpt in batch]
-        errors = self.begin_attempts([h for h, *_ in batch], cursors, "restore") if batch else []
+        batch, suspects = self._leased_records(hs, alone)
+        cursors = [ckpt.get(b"cursor", b"0-0") for _, ckpt in batch]
+        errors = self.begin_attempts([h for h, _ in batch], cursors, "restore") if batch else []
         # the fresh models' engines built together (their prior draws in one call), each as it is alone
-        new = [h for (h, _, ckpt), error in zip(batch, errors, strict=True) if error is None and b"state" not in ckpt]
+        new = [h for (h, ckpt), error in zip(batch, errors, strict=True) if error is None and b"state" not in ckpt]
         fresh = dict(zip((h.ref for h in new), fresh_engines([h.cfg for h in new]), strict=True))
         loaded: list[tuple[Held, bool]] = []
-        for (h, raw, ckpt), error in zip(batch, errors, strict=True):
+        for (h, ckpt), error in zip(batch, errors, strict=True):
             try:
                 if error is not None:
                     raise error
-                # the chunks committed after the stored state are re-absorbed in the rounds (load)
-                restored = restore_from(self.r, self.keys, h, raw, ckpt, catch_up_now=False, fresh=fresh.get(h.ref))
+                # the chunks committed after the stored state are re-absorbed in the rounds, stacked with the other
+                # models' work (absorb_round), not here one model at a time
+                restored = restore_from(self.r, self.keys, h, h.cfg, ckpt, catch_up_now=False, fresh=fresh.get(h.ref))
                 assert restored is not None  # its config was read
                 loaded.append((h, restored))
             except Exception as err:
@@ -253,31 +255,28 @@ class Worker(quarantine.QuarantineHooks):
             self.end_attempts([h for h, _ in loaded])  # restored: the attempts are given back
         self._loaded([h for h, restored in loaded if restored], [h for h, restored in loaded if not restored])
         for h in suspects:
-            try:
-                if not self.load(h):
-                    self.leases.release(h)
-            except Exception as err:
-                self.load_failed(h, err)
+            self.load_many([h], alone=True)
 
-    def _leased_records(self, hs: list[Held]) -> tuple[list[tuple[Held, bytes, dict[bytes, bytes]]], list[Held]]:
-        """:meth:`load_many`'s read, in one round trip: ``(model, config, checkpoint hash)`` of the models to load
-        together, and the suspects to load alone; a model gone from the registry is released."""
+    def _leased_records(self, hs: list[Held], alone: bool) -> tuple[list[tuple[Held, dict[bytes, bytes]]], list[Held]]:
+        """:meth:`load_many`'s read, in one round trip: ``(model, checkpoint hash)`` of the models to load
+        together (each model's config parsed into ``h.cfg``), and the suspects to load alone (none when ``alone``); a
+        model gone from the registry is released."""
         pipe = self.r.pipeline(transaction=False)
         for h in hs:
             pipe.get(self.keys.model(h.tenant, h.name))
             pipe.hgetall(self.keys.checkpoint(h.tenant, h.name))
             pipe.hmget(quarantine.attempts_key(self.keys, h.tenant, h.name), "cursor", "attempts")
         got = pipe.execute()
-        batch: list[tuple[Held, bytes, dict[bytes, bytes]]] = []
+        batch: list[tuple[Held, dict[bytes, bytes]]] = []
         suspects: list[Held] = []
         for h, raw, ckpt, (at, attempts) in zip(hs, got[::3], got[1::3], got[2::3], strict=True):
             if raw is None:
                 self.leases.release(h)
-            elif at == ckpt.get(b"cursor", b"0-0") and int(attempts or 0) > 0:
+            elif not alone and at == ckpt.get(b"cursor", b"0-0") and int(attempts or 0) > 0:
                 suspects.append(h)
             else:
-                h.cfg = json.loads(raw)  # begin_attempts fingerprints it
-                batch.append((h, raw, ckpt))
+                h.cfg = json.loads(raw)  # begin_attempts fingerprints it; restore_from keeps it
+                batch.append((h, ckpt))
         return batch, suspects
 
     def _loaded(self, restored: list[Held], fresh: list[Held]) -> None:
@@ -308,27 +307,6 @@ class Worker(quarantine.QuarantineHooks):
                 self.committed(h, b"0-0", 0, [], [], reply, with_state=True)
             except Exception as err:
                 self.load_failed(h, err)
-
-    def load(self, h: Held) -> bool:
-        """Restore (or create) the engine of a freshly leased model.  False if the model is gone."""
-        if not self.r.exists(self.keys.model(h.tenant, h.name)):
-            return False
-        h.cfg = json.loads(self.r.get(self.keys.model(h.tenant, h.name)) or b"{}")
-        ckpt_cursor = self.r.hget(self.keys.checkpoint(h.tenant, h.name), "cursor") or b"0-0"
-        self.begin_attempt(h, ckpt_cursor, "restore")  # a restore may crash the worker too
-        # the chunks committed after the stored state are re-absorbed in the rounds, stacked with the other models'
-        # work (absorb_round), not here one model at a time
-        restored = restore(self.r, self.keys, h, catch_up_now=False)
-        if restored is None:
-            return False
-        self.end_attempt(h)  # restored: the attempt is given back
-        self.arm_budget(h)  # the block budget, checked inside the engine
-        if restored:
-            # a worker killed between a commit and its stream-posterior update left that update undone
-            self.update_stream_posterior(h, self.posteriors.state(h), [])
-        else:
-            self.commit(h, b"0-0", 0, [], [])
-        return True
 
     # ----- absorbing --------------------------------------------------------------------------
     def advance(self, h: Held) -> bool:
@@ -580,25 +558,6 @@ class Worker(quarantine.QuarantineHooks):
             done.append(c.h.ref)
         return replayed + done
 
-    def commit(self, h: Held, cursor: bytes, seq: int, rows: list[dict], found: list[dict]) -> None:
-        """Store checkpoint + cursor + trace rows + histogram + alerts + events in ONE fenced Lua script
-        (:meth:`Scripts.commit`, one round trip); then, if the stream's common observation count moved, the
-        stream posterior (:meth:`update_stream_posterior`, a second round trip).  :meth:`finish_all` does the
-        same for a round of models with one round trip for all their scripts.
-
-        Raises
-        ------
-        LeaseLost
-            The lease no longer holds our token.  Raised by the commit script, nothing was written (``blocks``
-            = ``len(rows)``, computed in vain); raised by the stream-posterior update, the commit stands and
-            the update is left to the next holder.
-        """
-        try:
-            state = self.scripts.commit(**self.commit_call(h, cursor, seq, rows, found))
-        except LeaseLost as err:
-            raise LeaseLost(h.name, blocks=len(rows)) from err
-        self.committed(h, cursor, seq, rows, found, state, with_state=True)
-
     def state_due(self, h: Held, defer: Collection[str], seconds: float) -> bool:
         """Whether ``h``'s next commit, of a chunk that took ``seconds`` of engine time, stores its state blob: at
         least every ``checkpoint_every`` chunks, and with the last chunk of a batch (not in ``defer``) once the
@@ -612,7 +571,7 @@ class Worker(quarantine.QuarantineHooks):
         ``checkpoint_seconds`` of engine time per model (its stacked share: alone a block costs more).  The chunks
         without it store :meth:`~workers.engine.ModelEngine.view_bytes`, so the posterior and predictive
         routes read the particles after every chunk.  The price is a failover's re-absorbing: a new worker restored
-        those 128 models in 8.95 ms of CPU each with 8 chunks to re-absorb, stacked in its rounds (:meth:`load`),
+        those 128 models in 8.95 ms of CPU each with 8 chunks to re-absorb, stacked in its rounds (:meth:`load_many`),
         against 7.1 ms with the state stored every chunk, and 23.4 ms re-absorbing each model alone
         (``python bench/worker_costs.py --warm 100 --per-chunk --restore``); ``checkpoint_every`` bounds it."""
         if h.unsaved + 1 >= self.s.checkpoint_every:

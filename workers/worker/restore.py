@@ -44,27 +44,27 @@ def restore(r: redis.Redis, keys: Keys, h: Held, *, catch_up_now: bool = True) -
     pipe.get(keys.model(h.tenant, h.name))
     pipe.hgetall(keys.checkpoint(h.tenant, h.name))
     raw, ckpt = pipe.execute()
-    return restore_from(r, keys, h, raw, ckpt, catch_up_now=catch_up_now)
+    return restore_from(r, keys, h, None if raw is None else json.loads(raw), ckpt, catch_up_now=catch_up_now)
 
 
 def restore_from(
     r: redis.Redis,
     keys: Keys,
     h: Held,
-    raw: bytes | None,
+    cfg: dict[str, Any] | None,
     ckpt: dict[bytes, bytes],
     *,
     catch_up_now: bool = True,
     fresh: SegmentedEngine | Exception | None = None,
 ) -> bool | None:
-    """:func:`restore` from the model's config ``raw`` (None: the model is gone) and checkpoint hash ``ckpt`` read by
-    the caller (:meth:`workers.worker.loop.Worker.load_many` reads every leased model's in one round trip).
+    """:func:`restore` from the model's config ``cfg`` (parsed; None: the model is gone) and checkpoint hash ``ckpt``
+    read by the caller (:meth:`workers.worker.loop.Worker.load_many` reads every leased model's in one round trip).
     ``fresh``: the model's new engine (or the exception its creation raised) if the caller built it
     (:func:`fresh_engines`), used when the checkpoint holds no state.  Returns and raises as :func:`restore`; Redis
     is read only to replay the stream log."""
-    if raw is None:
+    if cfg is None:
         return None
-    h.cfg = json.loads(raw)
+    h.cfg = cfg
     if b"state" in ckpt:
         h.cursor, h.chunks = ckpt[b"cursor"], int(ckpt[b"chunks"])
         h.detector = json.loads(ckpt[b"detector"])
@@ -94,8 +94,9 @@ def fresh_engines(cfgs: list[dict[str, Any]]) -> list[SegmentedEngine | Exceptio
     from its own generator).  Per config its engine, or the exception creating it raised (a config the engine
     refuses: ``ValueError``; prior draws that are not finite: :class:`workers.sgais.NumericalError`).
 
-    Why: built one at a time, the engines were about half of the 4 ms of worker CPU that loading one of 128 freshly
-    registered models took (py-spy; bench/README.md, session 40): a 50-particle state is mostly per-call overhead."""
+    Why: built one at a time, the engines were about a third of the 4 ms of worker CPU that loading one of 128 freshly
+    registered models took (py-spy of the worker; bench/README.md, session 40), and most of what remained once the
+    round trips were batched: a 50-particle state is mostly per-call overhead."""
     out: list[SegmentedEngine | Exception] = []
     for cfg in cfgs:
         try:
