@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from threading import Lock
+from typing import NamedTuple
 
 import torch
 
@@ -152,23 +153,41 @@ def _stacked_probe(keys: tuple[str, ...]) -> tuple[StackedFamily, torch.Tensor]:
     return stacked
 
 
-def first_nonfinite_row_among(configs: list[dict], x: torch.Tensor | None, y: torch.Tensor) -> tuple[int, str] | None:
-    """:func:`first_nonfinite_row` over every model of a stream: the earliest row refused by any of them (the
-    first such model in ``configs`` order names the reason), or None.
+class Plan(NamedTuple):
+    """How a stream's models are screened together (:func:`plan`): ``configs`` as given, and per stack key and dtype the
+    indices of its models in ``configs`` with their config keys (:func:`config_key`)."""
+
+    configs: list[dict]
+    groups: list[tuple[list[int], tuple[str, ...]]]
+
+
+def plan(configs: list[dict]) -> Plan:
+    """The :class:`Plan` of a stream's models: their probes drawn (:func:`_probe`, cached) and grouped by stack key and
+    dtype.  Costs a config key (a ``json.dumps``) and a cache lookup per model, so a caller that screens every chunk of
+    a stream keeps the plan while the stream's models stay the same (``service.routes.chunks.stream_configs``)."""
+    groups: dict[tuple, list[int]] = {}
+    keys = [config_key(cfg) for cfg in configs]
+    for i, key in enumerate(keys):
+        family, _, dtype = _probe(key)
+        groups.setdefault((stack_key_of(family), dtype), []).append(i)
+    return Plan(configs, [(members, tuple(keys[i] for i in members)) for members in groups.values()])
+
+
+def first_nonfinite_row_among(
+    configs: list[dict] | Plan, x: torch.Tensor | None, y: torch.Tensor
+) -> tuple[int, str] | None:
+    """:func:`first_nonfinite_row` over every model of a stream (``configs``, or their :func:`plan`): the earliest row
+    refused by any of them (the first such model in ``configs`` order names the reason), or None.
 
     The models are screened in one stacked log-likelihood evaluation per stack key and dtype
     (:class:`models.stack.StackedFamily`, ``[K, PROBES, B]``) rather than one evaluation per model: a stream of
     128 models cost the API 128 evaluations per chunk (issue 9).  Each model's probes are its own fixed prior
     draws, as in :func:`first_nonfinite_row`, so the decision is each model's own.
     """
-    groups: dict[tuple, list[int]] = {}
-    keys = [config_key(cfg) for cfg in configs]
-    for i, key in enumerate(keys):
-        family, _, dtype = _probe(key)
-        groups.setdefault((stack_key_of(family), dtype), []).append(i)
+    configs, groups = configs if isinstance(configs, Plan) else plan(configs)
     worst: tuple[int, int, str] | None = None  # (row, config index, reason)
-    for members in groups.values():
-        stacked, theta = _stacked_probe(tuple(keys[i] for i in members))
+    for members, keys in groups:
+        stacked, theta = _stacked_probe(keys)
         layout = _layout(stacked.family, x, y, theta.dtype)
         if layout is None:
             return None

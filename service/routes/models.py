@@ -98,7 +98,7 @@ async def create_model(
     refused = admission.check(family, sampler, settings)
     if refused:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, refused)
-    await quotas.check_model_quota(r, keys, settings, tenant, body.stream or body.name)
+    backlog = await quotas.check_model_quota(r, keys, settings, tenant, body.stream or body.name)
     cfg = {
         "name": body.name,
         "stream": body.stream or body.name,
@@ -111,6 +111,7 @@ async def create_model(
     }
     screening.prepare(cfg, family)  # its chunk screening's probes, drawn now rather than at its stream's next chunk
     await store.create_model(r, keys, tenant, cfg, family.observation_schema())
+    quotas.model_accepted(keys, tenant, backlog)
     return cfg
 
 

@@ -314,8 +314,10 @@ def test_quotas_are_429(settings):
         res = c.post("/v1/streams/s/chunks", json={"x": [[1, 2]] * 3, "y": [1, 2, 3]})
         assert res.status_code == 429 and "pending" in res.json()["detail"]
         assert dump(r, s.key_prefix) == before
-        # an errored model absorbs nothing: its backlog does not count
+        # an errored model absorbs nothing: its backlog does not count (written as the worker writes an error:
+        # workers.quarantine, Worker.record_error: its status, and +inf in the stream's observation counts)
         r.hset(f"{s.key_prefix}:default:ckpt:b", mapping={"status": "error", "observations": 0})
+        r.zadd(f"{s.key_prefix}:default:stream:s:obs", {"b": "+inf"})
         r.hset(f"{s.key_prefix}:default:ckpt:a", mapping={"status": "ok", "observations": 2})
         import service.quotas
 
@@ -523,6 +525,75 @@ def test_a_streams_models_screened_together_answer_as_each_alone():
     y = torch.tensor([0.5, 1e30], dtype=torch.float64)[:, None]
     assert screening.first_nonfinite_row_among(configs, None, y)[0] == 1  # float32 alone refuses (1e30)²
     assert "'g32'" in screening.first_nonfinite_row_among(configs, None, y)[1]
+
+
+def test_a_streams_screening_follows_its_models(settings, monkeypatch):
+    """The API keeps a stream's parsed configs and screening plan between chunks (service.routes.chunks.stream_configs)
+    only while its models are those it was made for: a model created, deleted, or deleted and created again under the
+    same name with another config is screened by its current config at the next chunk; a stream whose models did not
+    change reads no config."""
+    from service.routes import chunks as chunk_routes
+
+    f64 = {"family": "gmm", "params": {"dim": 1, "components": 1}}
+    f32 = {**f64, "sampler": {"dtype": "float32"}}
+    big = {"y": [0.5, 1e30]}  # (1e30)² overflows float32 only: refused by a float32 model alone
+    with TestClient(create_app(settings, workers=0)) as c:
+        assert c.post("/v1/models", json={"name": "a", "stream": "s", **f64}).status_code == 201
+        assert c.post("/v1/streams/s/chunks", json={"y": [0.5]}).status_code == 202
+        reads = []
+        monkeypatch.setattr(
+            chunk_routes.screening, "plan", lambda cfgs, f=chunk_routes.screening.plan: reads.append(1) or f(cfgs)
+        )
+        assert c.post("/v1/streams/s/chunks", json={"y": [0.5]}).status_code == 202
+        assert reads == []  # the models did not change: the kept plan
+        assert c.post("/v1/streams/s/chunks", json=big).status_code == 202
+        # the same name, another config: refused by it at once
+        assert c.delete("/v1/models/a").status_code == 204
+        assert c.post("/v1/models", json={"name": "a", "stream": "s", **f32}).status_code == 201
+        res = c.post("/v1/streams/s/chunks", json=big)
+        assert res.status_code == 422 and "'a'" in res.json()["detail"][0]["msg"], res.json()
+        assert reads == [1]
+        # a second model created, then deleted: the stream screened by the models it has at each chunk
+        assert c.delete("/v1/models/a").status_code == 204
+        assert c.post("/v1/models", json={"name": "b", "stream": "s", **f64}).status_code == 201
+        assert c.post("/v1/streams/s/chunks", json=big).status_code == 202
+        assert c.post("/v1/models", json={"name": "c", "stream": "s", **f32}).status_code == 201
+        res = c.post("/v1/streams/s/chunks", json=big)
+        assert res.status_code == 422 and "'c'" in res.json()["detail"][0]["msg"], res.json()
+        assert c.delete("/v1/models/c").status_code == 204
+        assert c.post("/v1/streams/s/chunks", json=big).status_code == 202
+        # the stream deleted and created again: a new set of models, whatever the names
+        assert c.delete("/v1/streams/s").status_code == 204
+        assert c.post("/v1/models", json={"name": "b", "stream": "s", **f32}).status_code == 201
+        res = c.post("/v1/streams/s/chunks", json=big)
+        assert res.status_code == 422 and "'b'" in res.json()["detail"][0]["msg"], res.json()
+
+
+def test_a_chunks_active_models_are_counted_without_reading_each(settings):
+    """The chunk quota's count of a stream's active models comes from its sorted set of observation counts (errored
+    models at +inf, as the worker writes them), and from each model's status where the set lacks a model (a stream
+    written before it): the same count either way."""
+    s = settings.model_copy(update={"max_pending_observations_per_tenant": 5})
+    r = redis.Redis.from_url(s.redis_url)
+    p = s.key_prefix
+    with TestClient(create_app(s, workers=0)) as c:
+        for name in ("a", "b", "c"):
+            assert c.post("/v1/models", json={"name": name, "stream": "s", **SMALL_MODEL}).status_code == 201
+        # as the worker writes an error: the status, and +inf in the stream's counts
+        r.hset(f"{p}:default:ckpt:c", mapping={"status": "error", "observations": 0})
+        r.zadd(f"{p}:default:stream:s:obs", {"c": "+inf"})
+        # two active models: 2 values are 4 pending (<= 5), 3 more would be 6 more
+        assert c.post("/v1/streams/s/chunks", json={"x": [[1, 2]] * 2, "y": [1, 2]}).status_code == 202
+        assert c.post("/v1/streams/s/chunks", json={"x": [[1, 2]], "y": [1]}).status_code == 429
+        import service.quotas
+
+        service.quotas._cache.clear()
+        r.zrem(f"{p}:default:stream:s:obs", "b")  # a model the set lacks: every status read
+        assert c.post("/v1/streams/s/chunks", json={"x": [[1, 2]], "y": [1]}).status_code == 429
+        r.hset(f"{p}:default:ckpt:a", mapping={"status": "ok", "observations": 2})
+        r.hset(f"{p}:default:ckpt:b", mapping={"status": "ok", "observations": 2})
+        service.quotas._cache.clear()
+        assert c.post("/v1/streams/s/chunks", json={"x": [[1, 2]] * 2, "y": [1, 2]}).status_code == 202
 
 
 def test_a_new_models_probes_are_drawn_at_its_registration(settings, monkeypatch):

@@ -9,7 +9,9 @@ key                                    type        contents
 ``P:T:models``                         set         model names of the tenant
 ``P:T:model:{m}``                      string      model config JSON (the model resource + ``alerts``)
 ``P:T:stream:{s}``                     stream      chunk log: ``seq, first_index, n, x_shape, y_shape, x, y``
-``P:T:stream:{s}:meta``                hash        ``schema, family, params, chunks, observations``
+``P:T:stream:{s}:meta``                hash        ``schema, family, params, chunks, observations``,
+                                                   ``models_etag`` (a new token whenever a model of the stream is
+                                                   created or deleted: workers/store/reads.py)
 ``P:T:stream:{s}:seqs``                hash        ``seq -> sha256:first_index:n`` (replay detection)
 ``P:T:stream:{s}:models``              set         model names on the stream
 ``P:T:stream:{s}:leader``              string      JSON ``{"model", "observations"}``: most probable model

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -115,8 +116,9 @@ async def latest_particles(r: aioredis.Redis, checkpoint_key: str) -> bytes | No
 
 
 async def stream_meta(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> tuple[dict[str, str], list[str]]:
-    """The stream's meta hash and its models' names, sorted (one round trip).  Raises NotFound."""
-    pipe = r.pipeline(transaction=False)
+    """The stream's meta hash and its models' names, sorted (one round trip, one atomic read: the meta's
+    ``models_etag`` names that set of models, :func:`create_model`).  Raises NotFound."""
+    pipe = r.pipeline(transaction=True)
     pipe.hgetall(keys.meta(tenant, stream))
     pipe.smembers(keys.stream_models(tenant, stream))
     meta, names = await pipe.execute()
@@ -203,6 +205,14 @@ async def stream_posterior(r: aioredis.Redis, keys: Keys, tenant: str, stream: s
     return records.stream_posterior(stream, count, conditioned_on, records.posterior_entries(states, rows_n, rows_c))
 
 
+#: The stream meta field that names the stream's set of model configs: a new random token with every model created or
+#: deleted (the stream deleted with its meta), so that ``(stream, token)`` never names two different sets, even across
+#: a stream deleted and created again.  ``service.routes.chunks.stream_configs`` keeps the parsed configs by it.
+MODELS_ETAG = "models_etag"
+# a new token, on a stream that still exists (its meta is the stream's existence: NotFound without it)
+_NEW_ETAG_LUA = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end"
+
+
 async def create_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str, Any], schema: dict[str, Any]) -> None:
     """Store a new model (and its stream, if new) in one transaction.
 
@@ -222,6 +232,7 @@ async def create_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
                     raise SchemaMismatch([{"loc": ["body", "params"], "type": "schema_mismatch", "msg": msg}])
                 pipe.multi()
                 pipe.set(mkey, json.dumps(cfg))
+                pipe.hset(meta, MODELS_ETAG, secrets.token_hex(8))
                 pipe.sadd(keys.tenant_models(tenant), name)
                 pipe.sadd(keys.stream_models(tenant, stream), name)
                 pipe.zadd(keys.stream_obs(tenant, stream), {name: 0})
@@ -260,6 +271,7 @@ async def delete_model(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str
     pipe.srem(keys.tenant_models(tenant), name)
     pipe.srem(keys.stream_models(tenant, cfg["stream"]), name)
     pipe.zrem(keys.stream_obs(tenant, cfg["stream"]), name)
+    pipe.eval(_NEW_ETAG_LUA, 1, keys.meta(tenant, cfg["stream"]), MODELS_ETAG, secrets.token_hex(8))
     if mine:
         pipe.zrem(keys.alerts(tenant), *mine)
     await pipe.execute()

