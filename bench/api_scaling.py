@@ -1,7 +1,7 @@
 """The API's cost of a registration and of a chunk as a stream's models grow to thousands (issue 9: one worker serves
 hundreds to thousands of live models; the API in front of it must keep up).
 
-    python bench/api_scaling.py [--models 1,128,1000] [--posts 50] [--tail 100]
+    python bench/api_scaling.py [--models 1,128,1000] [--posts 50] [--tail 100] [--gets 20] [--load 0]
 
 For each count K: a fresh ``sgais serve --workers 0`` (its own embedded Redis, no worker: the API and Redis are
 measured alone), K one-component gmm models registered on one stream (``bench/many_models.py``'s priors and seeds),
@@ -11,13 +11,19 @@ client, and the CPU milliseconds of the API process and of the Redis server (fro
 client's commands one at a time, so its time per request is what every other client, the workers' commits
 included, waits for).
 
-Runs against any code base with the same API (``PYTHONPATH``), so two can be compared alternately.
+Then, with ``--gets`` > 0, the stream posterior (``GET /v1/streams/s/posterior``, every model's probability) read
+``--gets`` times from a second server, with one worker, whose K models have absorbed three chunks (the worker idle
+by then): wall and API CPU milliseconds per request.
+
+``--load N`` runs N CPU-bound processes beside the run (a loaded machine).  Runs against any code base with the same
+API (``PYTHONPATH``), so two can be compared alternately.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import httpx
 import psutil
-from many_models import gmm_chunks, gmm_model
+from many_models import _spin, gmm_chunks, gmm_model
 from service_overhead import free_port
 
 
@@ -54,30 +60,41 @@ def redis_pid(data_dir: str) -> int:
     raise RuntimeError("no redis-server running in the API's data directory")
 
 
+def start(port: int, data_dir: str, workers: int) -> subprocess.Popen:
+    """``sgais serve`` with its own embedded Redis and ``workers`` workers, healthy when returned."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SGAIS_API_KEYS": "", "SGAIS_MAX_MODELS_PER_TENANT": "100000"}
+    cmd = [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)]
+    api = subprocess.Popen(
+        [*cmd, "--workers", str(workers), "--data-dir", data_dir],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                return api
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            api.kill()
+            raise RuntimeError("the API did not become healthy")
+        time.sleep(0.2)
+
+
+def stop(api: subprocess.Popen) -> None:
+    api.send_signal(signal.SIGTERM)
+    api.wait(timeout=60)
+
+
 def measure(k: int, posts: int, tail: int) -> dict[str, float]:
     """Registration and chunk costs for ``k`` models on one stream (milliseconds)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="sgais-api-scaling-") as data_dir:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "SGAIS_API_KEYS": "", "SGAIS_MAX_MODELS_PER_TENANT": "100000"}
-        cmd = [sys.executable, "-c", "from service.cli import app; app()", "serve", "--port", str(port)]
-        api = subprocess.Popen(
-            [*cmd, "--workers", "0", "--data-dir", data_dir],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        api = start(port, data_dir, 0)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-                deadline = time.monotonic() + 120
-                while True:
-                    try:
-                        if c.get("/healthz").status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the API did not become ready")
-                    time.sleep(0.2)
                 rpid = redis_pid(data_dir)
                 marks = []  # (wall, api cpu, redis cpu) before each registration, and after the last
                 for i in range(k):
@@ -92,8 +109,7 @@ def measure(k: int, posts: int, tail: int) -> dict[str, float]:
                     c.post("/v1/streams/s/chunks", content=body, headers=head).raise_for_status()
                 t1, a1, r1 = time.perf_counter(), cpu_seconds(api.pid), cpu_seconds(rpid)
         finally:
-            api.send_signal(signal.SIGTERM)
-            api.wait(timeout=60)
+            stop(api)
 
     def per(a: int, b: int, j: int) -> float:
         return 1000 * (marks[b][j] - marks[a][j]) / (b - a)
@@ -112,12 +128,44 @@ def measure(k: int, posts: int, tail: int) -> dict[str, float]:
     }
 
 
+def measure_posterior(k: int, gets: int) -> tuple[float, float]:
+    """Wall and API CPU milliseconds per ``GET /v1/streams/s/posterior`` of ``k`` models that absorbed three chunks."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="sgais-api-scaling-") as data_dir:
+        api = start(port, data_dir, 1)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+                for i in range(k):
+                    c.post("/v1/models", json={"name": f"m{i}", "stream": "s", **gmm_model(i)}).raise_for_status()
+                for chunk in gmm_chunks(3):
+                    c.post("/v1/streams/s/chunks", json=chunk).raise_for_status()
+                deadline = time.monotonic() + 600
+                while any(m["chunks_processed"] < 3 for m in c.get("/v1/streams/s").json()["models"]):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the worker did not absorb the chunks")
+                    time.sleep(0.5)
+                c.get("/v1/streams/s/posterior").raise_for_status()
+                t0, a0 = time.perf_counter(), cpu_seconds(api.pid)
+                for _ in range(gets):
+                    c.get("/v1/streams/s/posterior").raise_for_status()
+                t1, a1 = time.perf_counter(), cpu_seconds(api.pid)
+        finally:
+            stop(api)
+    return 1000 * (t1 - t0) / gets, 1000 * (a1 - a0) / gets
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="1,128,1000", help="model counts, comma-separated")
     ap.add_argument("--posts", type=int, default=50)
     ap.add_argument("--tail", type=int, default=100, help="registrations at the end reported apart")
+    ap.add_argument("--gets", type=int, default=20, help="stream posterior reads per count (0: none)")
+    ap.add_argument("--load", type=int, default=0, help="CPU-bound processes beside the run")
     args = ap.parse_args()
+    hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.load)]
+    for h in hogs:
+        h.start()
+    print(f"load={args.load}")
     print(
         "| models | registration wall / API / Redis ms | last registrations wall / API / Redis ms "
         "| chunk POST wall / API / Redis ms |"
@@ -131,6 +179,13 @@ def main() -> None:
             f"| {m['post_wall']:.2f} / {m['post_api']:.2f} / {m['post_redis']:.2f} |",
             flush=True,
         )
+    if args.gets:
+        print("\n| models | GET /v1/streams/s/posterior wall / API ms |\n|---:|---|")
+        for k in (int(v) for v in args.models.split(",")):
+            wall, cpu = measure_posterior(k, args.gets)
+            print(f"| {k} | {wall:.2f} / {cpu:.2f} |", flush=True)
+    for h in hogs:
+        h.terminate()
 
 
 if __name__ == "__main__":

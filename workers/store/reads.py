@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from functools import lru_cache
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -18,7 +19,7 @@ from workers import comparison
 from workers.store import records
 from workers.store.errors import Conflict, NotFound, NotReady, SchemaMismatch, SeqGap
 from workers.store.keys import Keys, model_ref
-from workers.store.scripts import INGEST_LUA
+from workers.store.scripts import INGEST_LUA, POSTERIOR_STATES_LUA, ROWS_AT_LUA
 
 
 async def get_model(r: aioredis.Redis, keys: Keys, tenant: str, name: str) -> dict[str, Any]:
@@ -164,32 +165,38 @@ async def evidence(r: aioredis.Redis, keys: Keys, tenant: str, cfg: dict[str, An
     return records.evidence_body(cfg["name"], cfg["stream"], ckpt, int(chunks or 0))
 
 
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+@lru_cache(maxsize=8192)
+def _posterior_part(raw: str | bytes) -> tuple[dict[str, Any], int]:
+    """What the stream posterior reads of a model config (its JSON text): ``{"prior_probability"}`` and the model's
+    context (:func:`workers.comparison.model_context`), kept by the text (parsing every config of a stream of 1,000
+    models took a third of a posterior request)."""
+    cfg = json.loads(raw)
+    return {"prior_probability": cfg["prior_probability"]}, comparison.model_context(cfg)
+
+
 async def stream_posterior(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> dict[str, Any]:
     """Posterior model probabilities at the largest count every active model has processed, every model
-    scored on the observations after the stream's largest context (:mod:`workers.comparison`)."""
-    names = sorted(
-        x.decode() if isinstance(x, bytes) else x for x in await r.smembers(keys.stream_models(tenant, stream))
+    scored on the observations after the stream's largest context (:mod:`workers.comparison`).  Its reads are Lua
+    calls over the stream's models (``lua/posterior_states.lua``, ``lua/rows_at.lua``), not a command per model."""
+    names, cfgs, obs, sts, errs = await r.eval(
+        POSTERIOR_STATES_LUA, 1, keys.stream_models(tenant, stream), keys.model(tenant, ""), keys.checkpoint(tenant, "")
     )
-    pipe = r.pipeline(transaction=False)
-    for m in names:
-        pipe.get(keys.model(tenant, m))
-        pipe.hmget(keys.checkpoint(tenant, m), ["observations", "status", "error"])
-    got = await pipe.execute()
     states: dict[str, dict[str, Any]] = {}
-    for i, m in enumerate(names):
-        cfg, (obs, st, err) = got[2 * i], got[2 * i + 1]
-        if cfg is None:
-            continue
-        states[m] = records.model_state(json.loads(cfg), obs, st, err)
+    for i in sorted(range(len(names)), key=lambda i: _text(names[i])):
+        if cfgs[i] is not None:
+            cfg, context = _posterior_part(cfgs[i])
+            states[_text(names[i])] = records.model_state(cfg, obs[i], sts[i], errs[i], context=context)
     count = records.common_count(states)
     context = comparison.stream_context([s["context"] for s in states.values()])
     active = [m for m in states if states[m]["status"] != "error"]
 
     async def rows_at(c: int, models: list[str]) -> dict[str, dict[str, Any] | None]:
-        pipe = r.pipeline(transaction=False)
-        for m in models:
-            pipe.zrevrangebyscore(keys.trace(tenant, m), c - 1, "-inf", start=0, num=1)
-        return {m: records.row_covering(rows, c) for m, rows in zip(models, await pipe.execute(), strict=True)}
+        got = await r.eval(ROWS_AT_LUA, 0, keys.trace(tenant, ""), c, *models) if models else []
+        return {m: records.row_covering([] if row is None else [row], c) for m, row in zip(models, got, strict=True)}
 
     rows_n = await rows_at(count, active) if count > 0 else {}
     scored = [m for m in active if (rows_n.get(m) or {}).get("observations") == count]

@@ -23,6 +23,10 @@ STREAM_LUA = _STREAM_STATE + lua("stream")
 LEADER_LUA = lua("leader")
 #: Seq check + XADD + meta update of an ingested chunk (workers.store.reads.ingest).
 INGEST_LUA = lua("ingest")
+#: The stream posterior's inputs, read-only (workers.store.reads.stream_posterior).
+POSTERIOR_STATES_LUA = lua("posterior_states")
+#: The trace rows of several models at one count, read-only (workers.store.reads.stream_posterior).
+ROWS_AT_LUA = lua("rows_at")
 #: Renew leases that still hold their tokens (workers.store.commit.Scripts.renew).
 RENEW_LUA = lua("renew")
 #: Delete a lease that still holds its token.
