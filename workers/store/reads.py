@@ -19,7 +19,7 @@ from workers import comparison
 from workers.store import records
 from workers.store.errors import Conflict, NotFound, NotReady, SchemaMismatch, SeqGap
 from workers.store.keys import Keys, model_ref
-from workers.store.scripts import INGEST_LUA, POSTERIOR_STATES_LUA, ROWS_AT_LUA
+from workers.store.scripts import HMGET_EACH_LUA, INGEST_LUA, POSTERIOR_STATES_LUA, ROWS_AT_LUA
 
 
 async def get_model(r: aioredis.Redis, keys: Keys, tenant: str, name: str) -> dict[str, Any]:
@@ -129,15 +129,14 @@ async def stream_meta(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -
 
 
 async def stream_status(r: aioredis.Redis, keys: Keys, tenant: str, stream: str) -> dict[str, Any]:
-    """The stream's schema, chunk and observation counts, and each model's progress (two round trips:
-    clients poll this).  Raises NotFound."""
+    """The stream's schema, chunk and observation counts, and each model's progress (two round trips, the second
+    one Lua call over the models: clients poll this).  Raises NotFound."""
     meta, names = await stream_meta(r, keys, tenant, stream)
-    pipe = r.pipeline(transaction=False)
-    for m in names:
-        pipe.hmget(keys.checkpoint(tenant, m), ["chunks", "observations"])
+    fields = ("chunks", "observations")
+    got = await r.eval(HMGET_EACH_LUA, 0, keys.checkpoint(tenant, ""), len(fields), *fields, *names) if names else []
     models = [
         {"name": m, "chunks_processed": int(c or 0), "observations_processed": int(o or 0)}
-        for m, (c, o) in zip(names, await pipe.execute(), strict=True)
+        for m, (c, o) in zip(names, got, strict=True)
     ]
     return {
         "name": stream,

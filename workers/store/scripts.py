@@ -27,6 +27,8 @@ INGEST_LUA = lua("ingest")
 POSTERIOR_STATES_LUA = lua("posterior_states")
 #: The trace rows of several models at one count, read-only (workers.store.reads.stream_posterior).
 ROWS_AT_LUA = lua("rows_at")
+#: The same fields of several hashes, read-only (workers.store.reads.stream_status).
+HMGET_EACH_LUA = lua("hmget_each")
 #: Renew leases that still hold their tokens (workers.store.commit.Scripts.renew).
 RENEW_LUA = lua("renew")
 #: Delete a lease that still holds its token.
