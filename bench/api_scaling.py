@@ -11,9 +11,10 @@ client, and the CPU milliseconds of the API process and of the Redis server (fro
 client's commands one at a time, so its time per request is what every other client, the workers' commits
 included, waits for).
 
-Then, with ``--gets`` > 0, the stream posterior (``GET /v1/streams/s/posterior``, every model's probability) read
-``--gets`` times from a second server, with one worker, whose K models have absorbed three chunks (the worker idle
-by then): wall and API CPU milliseconds per request.
+Then, with ``--gets`` > 0, the stream posterior (``GET /v1/streams/s/posterior``, every model's probability) and the
+stream's status (``GET /v1/streams/s``, every model's progress) read ``--gets`` times each from a second server, with
+one worker, whose K models have absorbed three chunks (the worker idle by then): wall and API CPU milliseconds per
+request.
 
 ``--load N`` runs N CPU-bound processes beside the run (a loaded machine).  Runs against any code base with the same
 API (``PYTHONPATH``), so two can be compared alternately.
@@ -128,8 +129,9 @@ def measure(k: int, posts: int, tail: int) -> dict[str, float]:
     }
 
 
-def measure_posterior(k: int, gets: int) -> tuple[float, float]:
-    """Wall and API CPU milliseconds per ``GET /v1/streams/s/posterior`` of ``k`` models that absorbed three chunks."""
+def measure_reads(k: int, gets: int) -> list[float]:
+    """Wall and API CPU milliseconds per ``GET /v1/streams/s/posterior``, then per ``GET /v1/streams/s`` (the stream's
+    status: every model's progress), of ``k`` models that absorbed three chunks."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="sgais-api-scaling-") as data_dir:
         api = start(port, data_dir, 1)
@@ -144,14 +146,17 @@ def measure_posterior(k: int, gets: int) -> tuple[float, float]:
                     if time.monotonic() > deadline:
                         raise RuntimeError("the worker did not absorb the chunks")
                     time.sleep(0.5)
-                c.get("/v1/streams/s/posterior").raise_for_status()
-                t0, a0 = time.perf_counter(), cpu_seconds(api.pid)
-                for _ in range(gets):
-                    c.get("/v1/streams/s/posterior").raise_for_status()
-                t1, a1 = time.perf_counter(), cpu_seconds(api.pid)
+                out = []
+                for path in ("/v1/streams/s/posterior", "/v1/streams/s"):
+                    c.get(path).raise_for_status()
+                    t0, a0 = time.perf_counter(), cpu_seconds(api.pid)
+                    for _ in range(gets):
+                        c.get(path).raise_for_status()
+                    t1, a1 = time.perf_counter(), cpu_seconds(api.pid)
+                    out += [1000 * (t1 - t0) / gets, 1000 * (a1 - a0) / gets]
         finally:
             stop(api)
-    return 1000 * (t1 - t0) / gets, 1000 * (a1 - a0) / gets
+    return out
 
 
 def main() -> None:
@@ -180,10 +185,12 @@ def main() -> None:
             flush=True,
         )
     if args.gets:
-        print("\n| models | GET /v1/streams/s/posterior wall / API ms |\n|---:|---|")
+        print(
+            "\n| models | GET /v1/streams/s/posterior wall / API ms | GET /v1/streams/s wall / API ms |\n|---:|---|---|"
+        )
         for k in (int(v) for v in args.models.split(",")):
-            wall, cpu = measure_posterior(k, args.gets)
-            print(f"| {k} | {wall:.2f} / {cpu:.2f} |", flush=True)
+            m = measure_reads(k, args.gets)
+            print(f"| {k} | {m[0]:.2f} / {m[1]:.2f} | {m[2]:.2f} / {m[3]:.2f} |", flush=True)
     for h in hogs:
         h.terminate()
 
