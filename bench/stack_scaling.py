@@ -1,6 +1,6 @@
 """The engine's fixed and per-model costs by phase of a stream: one model alone against ``--models`` stacked (issue 9).
 
-    python bench/stack_scaling.py [--models 128] [--chunks 128] [--phases 1,20,40,100]
+    python bench/stack_scaling.py [--models 128] [--chunks 128] [--phases 1,20,40,100] [--no-changepoints]
 
 ``bench/many_models.py``'s gmm workload without the service: one-component gmm models (its priors and seeds,
 change-point challengers on) absorb the same 5-observation chunks through :func:`workers.segmented.advance_blocks`
@@ -16,6 +16,9 @@ it) and split the stack's time into the kernel and everything around it (the eng
 change-point bookkeeping) per model-block, against the budget a ratio of 30x leaves: the lone model's ms per block
 / 30.
 
+``--no-changepoints`` runs the models without their change-point challengers (``alerts.change_point.enabled`` false):
+the main populations' share of the costs.
+
 CPU time (``time.process_time``) of this process; a busy machine moves both columns, so compare within one run.
 """
 
@@ -30,12 +33,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def per_chunk(models: int, chunks: int) -> tuple[list[float], list[float]]:
+def per_chunk(models: int, chunks: int, changepoints: bool = True) -> tuple[list[float], list[float]]:
     """CPU ms of each chunk's ``advance_blocks`` call for ``models`` models (the whole stack, not per model), and of
     the kernel calls (:func:`workers.sgais.absorb_block`) within it."""
     import torch
 
     import workers.stacking
+    from workers.changepoint import ChangepointSettings
     from workers.segmented import SegmentedEngine, advance_blocks
 
     kernel = [0.0]
@@ -56,7 +60,8 @@ def per_chunk(models: int, chunks: int) -> tuple[list[float], list[float]]:
     engines = []
     for i in range(models):
         body = gmm_model(i)
-        engines.append(SegmentedEngine.create(body["family"], body["params"], body["sampler"]))
+        cp = ChangepointSettings(enabled=changepoints)
+        engines.append(SegmentedEngine.create(body["family"], body["params"], body["sampler"], cp))
     out, inner = [], []
     try:
         for c in gmm_chunks(chunks):
@@ -79,6 +84,7 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=128)
     ap.add_argument("--phases", default="1,20,40,100", help="chunk indices where a new phase starts (after 0)")
+    ap.add_argument("--no-changepoints", action="store_true", help="the models without their challengers")
     args = ap.parse_args()
 
     import torch
@@ -89,11 +95,12 @@ def main() -> None:
     torch.set_num_threads(1)  # as the worker (workers.config: torch_threads)
     warm_lazy_imports()
     quiet_gc()
-    lone, lone_kernel = per_chunk(1, args.chunks)
-    stack, stack_kernel = per_chunk(args.models, args.chunks)
+    lone, lone_kernel = per_chunk(1, args.chunks, not args.no_changepoints)
+    stack, stack_kernel = per_chunk(args.models, args.chunks, not args.no_changepoints)
     K = args.models
     bounds = [0, *(int(v) for v in args.phases.split(",") if 0 < int(v) < args.chunks), args.chunks]
-    print(f"one-component gmm, 5-value chunks, {K} models stacked against one alone (CPU ms)")
+    cps = "without" if args.no_changepoints else "with"
+    print(f"one-component gmm, 5-value chunks, {K} models stacked against one alone, {cps} challengers (CPU ms)")
     print(
         "| chunks | values | lone ms/block | stacked ms/model-block | ratio | marginal ms/model-block "
         "| lone kernel ms/block | stacked kernel ms/model-block | stacked rest ms/model-block "
