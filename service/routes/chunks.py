@@ -127,12 +127,13 @@ async def stream_configs(r, keys: Keys, tenant: str, stream: str) -> tuple[dict[
     """The stream's meta hash, its models' screening plan (:func:`workers.screening.plan`, ``configs`` in name
     order) and how many of them are not in ``error`` (404 when the stream does not exist).
 
-    Why kept: a chunk used to read, parse and key every model's config, and read every model's status: 40 ms of the
-    API's time for the configs and 9 ms to screen, per chunk of a stream of 1,000 models (``python
-    bench/api_scaling.py``).  The plan is kept while the stream's ``models_etag`` and model names are those it was
-    made for (a model created or deleted changes the token), and the count of active models comes from the
-    stream's sorted set of observation counts (errored models at ``+inf``: ``lua/commit.lua``), one ``ZCOUNT``;
-    a stream without the token (written before it) or whose set lacks a model reads them as before."""
+    Why kept: a chunk used to read, parse and key every model's config, and read every model's status: a chunk POST
+    to a stream of 1,000 models took 45-47 ms, 41-43 of them the API's CPU (``python bench/api_scaling.py``; in
+    process, about 40 ms reading the configs and statuses and 9 ms screening).  The plan is kept while the stream's
+    ``models_etag`` and model names are those it was made for (a model created or deleted changes the token), and the
+    count of active models comes from the stream's sorted set of observation counts (errored models at ``+inf``:
+    ``lua/commit.lua``), one ``ZCOUNT``; a stream without the token (written before it) or whose set lacks a model
+    reads them as before."""
     meta, names = await store.stream_meta(r, keys, tenant, stream)
     if not names:
         return meta, screening.Plan([], []), 0

@@ -1,5 +1,5 @@
 -- The stream posterior's inputs for the API (workers/store/reads.py: stream_posterior) in one call: reading them with
--- two commands per model cost the API 109 ms per request at 1,000 models (python bench/api_scaling.py).
+-- two commands per model cost 82-84 ms per request at 1,000 models (python bench/api_scaling.py).
 -- KEYS: the stream's models set.  ARGV: the key prefixes of model configs and checkpoints.  Returns {names, configs,
 -- observations, statuses, errors}, lists in the order of names (a missing config or field: nil).  Writes nothing.
 local names = redis.call('SMEMBERS', KEYS[1])
