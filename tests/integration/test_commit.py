@@ -246,6 +246,39 @@ def test_a_fresh_streams_first_round_returns_its_state_once_per_count(settings, 
     assert [json.loads(raw)["observations"] if raw else None for *_, raw, _ in last.models] == [5] * (k - 1) + [None]
 
 
+def test_each_commit_reads_its_own_streams_known_models(settings, r):
+    """The known-model lists travel once per script call (one per distinct list, the commits refer to theirs by
+    number): commits of two streams interleaved in one call, with different lists, each get back the configs of the
+    models their own list lacks, and only those."""
+    from workers.store.commit import StreamState
+
+    keys = Keys(settings.key_prefix)
+    streams = {"s": ["s0", "s1", "s2"], "t": ["t0", "t1", "t2"]}
+    known = {"s": "s0,s1", "t": ""}
+    for stream, names in streams.items():
+        for m in names:
+            r.set(keys.lease("default", m), "token")
+            r.set(keys.model("default", m), json.dumps({**SMALL_MODEL, "name": m, "stream": stream}))
+            r.sadd(keys.stream_models("default", stream), m)
+            r.zadd(keys.stream_obs("default", stream), {m: 0})
+    row = {"seq": 1, "first_index": 0, "block_observations": 5, "observations": 5, "seconds": 0.001}
+    calls = [
+        {"tenant": "default", "model": m, "stream": stream, "token": "token", "ttl_ms": 1000,
+         "checkpoint": {"chunks": 1, "observations": 5, "status": "ok"}, "rows": [row], "events": [],
+         "alerts": [], "observations": 5, "known": known[stream]}
+        for pair in zip(streams["s"], streams["t"], strict=True) for m, stream in zip(pair, "st", strict=True)
+    ]  # fmt: skip
+    replies = Scripts(r, keys).commit_many(calls)
+    moved = [
+        (call["stream"], reply) for call, reply in zip(calls, replies, strict=True) if isinstance(reply, StreamState)
+    ]
+    last = {stream: state for stream, state in moved if state.count == 5}
+    assert sorted(last) == ["s", "t"]
+    for stream, state in last.items():
+        told = set(known[stream].split(",")) - {""}
+        assert [(m, bool(cfg)) for m, _, _, _, cfg in state.models] == [(m, m not in told) for m in streams[stream]]
+
+
 def test_a_state_lost_with_a_failed_commit_is_returned_by_the_next(settings, r):
     """A commit that read the stream's state and then raised returns no state: the next commit at that count
     returns it instead of taking it as already returned (else no stream posterior at that count until the next)."""

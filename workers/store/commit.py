@@ -150,12 +150,15 @@ class Scripts:
         scripts = []
         for group in groups:
             keys: list[str] = []
-            args: list[Any] = [len(group)]
+            # each distinct list of known models once per script call (the commits of a stream share one: O(K) bytes
+            # each, which every commit of a K-model stream carried, O(K²) a round), the commits refer to it by number
+            known: dict[str, int] = {}
+            body: list[Any] = []
             for call in group:
-                call_keys, call_args = self._commit_call(**call)
+                call_keys, call_args = self._commit_call(**call, known_index=known)
                 keys += call_keys
-                args += [len(call_args), *call_args]
-            scripts.append((keys, args))
+                body += [len(call_args), *call_args]
+            scripts.append((keys, [len(group), len(known), *known, *body]))
         replies = run_calls(self.r, self._commit, scripts)
         out: list[StreamState | None | Exception] = []
         for group, script_replies in zip(groups, replies, strict=True):
@@ -185,11 +188,17 @@ class Scripts:
         alerts: list[dict],
         observations: int,
         known: str | None,
+        known_index: dict[str, int],
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of ``lua/commit.lua`` (layout in the file)."""
+        """KEYS and ARGV of one commit of ``lua/commit.lua`` (layout in the file); ``known`` goes into the call's
+        ``known_index`` (its list of known-model lists, numbered from 1), the commit's ARGV holds its number."""
         k, t = self.keys, tenant
         args: list[Any] = [token, ttl_ms, k.events(t, stream)]
-        args += [model, observations, *self._query(t, known)] if known is not None else [""]
+        if known is not None:
+            at = known_index.setdefault(known, len(known_index) + 1)
+            args += [model, observations, k.model(t, ""), k.checkpoint(t, ""), k.trace(t, ""), at]
+        else:
+            args.append("")
         args.append(len(checkpoint))
         for name, value in checkpoint.items():
             args += [name, value]

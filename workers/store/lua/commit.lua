@@ -3,10 +3,11 @@
 -- atomic step of this script.  Prepended with stream_state.lua.
 -- KEYS, 10 per commit in order: lease, checkpoint, trace, alerts, alerts_total, block_seconds, stream meta,
 -- stream models, leader, stream observations (sorted set: model -> committed observations, +inf once in error).
--- ARGV: the number of commits; then per commit the number of its arguments and its arguments: token, lease ttl
--- (ms), events channel; then the stream query: this model's name ('' = no query, and nothing more of it
--- follows), its observations after this commit, the key prefixes of model configs, checkpoints and traces, the
--- known names comma-separated; then four counted sections: n checkpoint fields + n (field, value); n trace rows
+-- ARGV: the number of commits; the number of known-model lists, then the lists (the names of models whose config
+-- the worker has, comma-separated: one per stream of the call, not one per commit); then per commit the number of its
+-- arguments and its arguments: token, lease ttl (ms), events channel; then the stream query: this model's name
+-- ('' = no query, and nothing more of it follows), its observations after this commit, the key prefixes of model
+-- configs, checkpoints and traces, the number of its known-model list; then four counted sections: n checkpoint fields + n (field, value); n trace rows
 -- + n (score, row JSON); n histogram entries + n (bucket or '', seconds); n evidence events + n (chunks
 -- processed, the event's JSON text without its last member and closing brace: the script adds the last member,
 -- chunks_pending, from the stream's chunk count read in the same atomic step); n alerts + n (kind, alert JSON,
@@ -18,6 +19,7 @@ local at = 0
 local function nxt() at = at + 1; return ARGV[at] end
 
 local viewed = {}  -- stream models key -> the common count of the last state this call returned
+local knowns  -- the call's known-model lists (ARGV, read before the commits)
 
 local function commit(K)
   local token, ttl, channel = nxt(), nxt(), nxt()
@@ -27,7 +29,7 @@ local function commit(K)
   local me = nxt()
   if me ~= '' then
     my_obs = tonumber(nxt())
-    local model_prefix, ckpt_prefix, trace_prefix, known = nxt(), nxt(), nxt(), nxt()
+    local model_prefix, ckpt_prefix, trace_prefix, known = nxt(), nxt(), nxt(), knowns[tonumber(nxt())]
     -- The common count from the sorted set (O(log K)) when it holds every model of the stream: when it equals
     -- the leader record's, nothing moved and the O(K) read of every model is skipped (a round of K models on
     -- one stream cost O(K²) otherwise).  A set without every model (a stream older than it) takes the O(K) path.
@@ -88,7 +90,10 @@ local function commit(K)
 end
 
 local replies = {}
-for i = 1, tonumber(nxt()) do
+local commits = tonumber(nxt())
+knowns = {}
+for i = 1, tonumber(nxt()) do knowns[i] = nxt() end
+for i = 1, commits do
   local after = tonumber(nxt()) + at  -- where the next commit's arguments start, whatever this one read
   local ok, reply = pcall(commit, {unpack(KEYS, 10 * i - 9, 10 * i)})
   if not ok then reply = {'error', type(reply) == 'table' and reply.err or tostring(reply)} end
