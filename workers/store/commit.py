@@ -112,7 +112,9 @@ class Scripts:
         """Delete the lease if it still holds ``token`` (``lua/release.lua``)."""
         self._release(keys=[self.keys.lease(tenant, model)], args=[token])
 
-    def _query(self, tenant: str, known: str) -> list[Any]:
+    def _query(self, tenant: str, known: str | int) -> list[Any]:
+        """The stream query's arguments: the key prefixes of model configs, checkpoints and traces, then ``known`` (the
+        known models' names comma-separated, or in ``lua/commit.lua`` the number of the call's list of them)."""
         k = self.keys
         return [k.model(tenant, ""), k.checkpoint(tenant, ""), k.trace(tenant, ""), known]
 
@@ -196,7 +198,7 @@ class Scripts:
         args: list[Any] = [token, ttl_ms, k.events(t, stream)]
         if known is not None:
             at = known_index.setdefault(known, len(known_index) + 1)
-            args += [model, observations, k.model(t, ""), k.checkpoint(t, ""), k.trace(t, ""), at]
+            args += [model, observations, *self._query(t, at)]
         else:
             args.append("")
         args.append(len(checkpoint))

@@ -4,14 +4,14 @@
 -- KEYS, 10 per commit in order: lease, checkpoint, trace, alerts, alerts_total, block_seconds, stream meta,
 -- stream models, leader, stream observations (sorted set: model -> committed observations, +inf once in error).
 -- ARGV: the number of commits; the number of known-model lists, then the lists (the names of models whose config
--- the worker has, comma-separated: one per stream of the call, not one per commit); then per commit the number of its
--- arguments and its arguments: token, lease ttl (ms), events channel; then the stream query: this model's name
+-- the worker has, comma-separated: one per stream of the call, not one per commit); then per commit the number of
+-- its arguments and its arguments: token, lease ttl (ms), events channel; then the stream query: this model's name
 -- ('' = no query, and nothing more of it follows), its observations after this commit, the key prefixes of model
--- configs, checkpoints and traces, the number of its known-model list; then four counted sections: n checkpoint fields + n (field, value); n trace rows
--- + n (score, row JSON); n histogram entries + n (bucket or '', seconds); n evidence events + n (chunks
--- processed, the event's JSON text without its last member and closing brace: the script adds the last member,
--- chunks_pending, from the stream's chunk count read in the same atomic step); n alerts + n (kind, alert JSON,
--- event JSON, score).
+-- configs, checkpoints and traces, the number of its known-model list; then four counted sections: n checkpoint
+-- fields + n (field, value); n trace rows + n (score, row JSON); n histogram entries + n (bucket or '', seconds);
+-- n evidence events + n (chunks processed, the event's JSON text without its last member and closing brace: the
+-- script adds the last member, chunks_pending, from the stream's chunk count read in the same atomic step); n alerts
+-- + n (kind, alert JSON, event JSON, score).
 -- Returns one reply per commit: {'lost'} (nothing written), {'ok'}, {'moved', <stream state>} (written), or
 -- {'error', message}: the commit raised before its first write (its reads come first), nothing of it written.
 -- A call returns a stream's state once per common count (its first applied commit that sees the count moved).
