@@ -37,9 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.changepoint import ChangepointSettings
-
-_MAD_TO_SD = 1.4826  # MAD of a normal sample × this = its standard deviation
+from workers.changepoint import ChangepointSettings, baseline
 
 
 class AlertSettings(BaseModel):
@@ -74,17 +72,6 @@ class AlertSettings(BaseModel):
 def initial_state() -> dict[str, Any]:
     """Empty detector state (JSON-able: numbers, None and lists only)."""
     return {"seen": 0, "values": [], "rows": [], "cusum": 0.0, "run": [], "steps": []}
-
-
-def _baseline(values: list[float], rows: list[int], floor: float) -> tuple[float, float]:
-    """(median per-observation value, per-observation spread σ) of the baseline blocks.
-
-    A block mean of ``n`` rows spreads as σ/√n, so σ is 1.4826 × the MAD of the
-    ``√n``-scaled deviations from the median, floored at ``floor``.
-    """
-    med = statistics.median(values)
-    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True))
-    return med, max(_MAD_TO_SD * mad, floor)
 
 
 def _change_start(run: list[list[float]]) -> int:
@@ -122,7 +109,7 @@ def detect(
     k = int(row["annealing_steps"])
     drop = False
     if len(state["values"]) >= settings.min_baseline_blocks and math.isfinite(value):
-        med, sigma = _baseline(state["values"], state["rows"], settings.noise_floor)
+        med, sigma = baseline(state["values"], state["rows"], settings.noise_floor)
         z = (med - value) * math.sqrt(n) / sigma
         step = z if settings.drop_cap is None else min(z, settings.drop_cap)
         cusum = max(0.0, state["cusum"] + step - settings.drop_slack)

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import statistics
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -185,9 +184,21 @@ def baseline(values: list[float], rows: list[int], floor: float) -> tuple[float,
     A block mean of ``n`` rows spreads as σ/√n; σ = 1.4826 × the MAD of the √n-scaled deviations,
     floored at ``floor`` (as :func:`workers.alerts._baseline`).
     """
-    med = statistics.median(values)
-    mad = statistics.median(abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True))
+    med = _median(values)
+    if rows.count(rows[0]) == len(rows):  # a steady feed's blocks: one √n for all (the same products)
+        root = math.sqrt(rows[0])
+        mad = _median([abs(v - med) * root for v in values])
+    else:
+        mad = _median([abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True)])
     return med, max(_MAD_TO_SD * mad, floor)
+
+
+def _median(values: list[float]) -> float:
+    """``statistics.median`` of a non-empty list (its arithmetic: the mean of the middle two of an even count),
+    without its generic conversions: :func:`baseline` runs for every model after every block."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 def drop_score(
@@ -248,5 +259,7 @@ def prune(
         return log_bfs[i] + lo >= cut and not (ages[i] >= stale and log_bfs[i] < 0.0)
 
     alive = [i for i in range(len(starts)) if kept(i)]
+    if len(alive) <= settings.max_challengers:  # none over the cap: the kept ones in index order, as below
+        return alive
     alive.sort(key=lambda i: (i == keep, log_bfs[i], starts[i]), reverse=True)
     return sorted(alive[: settings.max_challengers])

@@ -586,6 +586,7 @@ class SegmentedEngine:
         # why a closed segment's log Ẑ (part of ``offset``) is not certified, or None (see ``degraded``)
         self.closed_degraded: str | None = None
         self._baseline_cache: tuple[list[float], list[int], tuple[float, float]] | None = None
+        self._targets: dict[tuple[int, float], float] = {}  # _retarget's ESS targets by (particles, model's target)
 
     @classmethod
     def create(cls, family: str, params: dict, sampler: dict, settings: cp.ChangepointSettings | None = None):
@@ -682,7 +683,10 @@ class SegmentedEngine:
         m = st.theta.shape[0]
         if m > s.particles and st.history.seen >= s.warmup_observations:
             m = s.particles
-        target = self._ess_target(m)
+        key = (m, self.main.settings.ess_target)
+        target = self._targets.get(key)
+        if target is None:
+            target = self._targets[key] = self._ess_target(m)
         if s.ess_target != target:
             eng.settings = s.model_copy(update={"ess_target": target})
 

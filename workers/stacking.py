@@ -39,6 +39,7 @@ so a model's trace is the same bits alone or in any stack (``tests/workers/test_
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, overload
@@ -536,6 +537,7 @@ def _before_block(
     )  # fmt: skip
 
 
+@functools.cache  # a few settings and dimensions; called for every population every block
 def warmup_burn_in(burn_in: int, dim: int) -> int:
     """SGHMC steps per annealing step in the warm-up for ``dim`` parameters: ``ceil(burn_in·√(dim/4))``
     (the caller keeps at least ``burn_in`` and at most ``change_burn_in``).
@@ -755,6 +757,7 @@ def _next_replay(s: SamplerSettings, st: SGAISState, n: int) -> str:
 REANNEAL_REFERENCE_DIM = 4
 
 
+@functools.cache  # a few settings and dimensions; called for every population every block
 def change_threshold(reanneal_steps: int, dim: int) -> float:
     """Annealing steps of a block that mark a change for a model with ``dim`` unconstrained parameters:
     ``reanneal_steps · max(1, √(dim / REANNEAL_REFERENCE_DIM))``.

@@ -83,7 +83,8 @@ class SGAISState(NamedTuple):
         SGHMC's own bias: +0.02…+0.19 with exact draws in place of the moves, ad hoc).  The correction assumes a
         small σ²: with an ESS near 1 (plain importance sampling from the prior, say) σ̂² reaches several nats² and so
         does the correction, inside an error bar as wide."""
-        return self.log_evidence_uncorrected + 0.5 * self.log_evidence_var
+        summary = self._summary()  # log_evidence_uncorrected + 0.5 * log_evidence_var, from one summary
+        return summary[2] + 0.5 * (summary[5] + summary[3])
 
     @property
     def log_evidence_uncorrected(self) -> float:
@@ -100,7 +101,8 @@ class SGAISState(NamedTuple):
     @property
     def log_evidence_se(self) -> float:
         """Monte Carlo standard error of ``log Ẑ_n`` (nats), ``sqrt(log_evidence_var)``."""
-        return math.sqrt(max(self.log_evidence_var, 0.0))
+        summary = self._summary()
+        return math.sqrt(max(summary[5] + summary[3], 0.0))
 
     @property
     def ess(self) -> float:
