@@ -12,8 +12,9 @@ one pass per chunk (a state stored with every chunk).
 The collector runs with the worker process's settings (:func:`workers.runner.quiet_gc`; without them it took about
 a quarter of the time, session 24).  Prints the worker thread's CPU per model-block (``time.thread_time``: the API's
 posting is not counted), in ``workers.segmented.advance_blocks`` (the engine) and outside it, then the CPU of the
-main bookkeeping steps (each wrapped, so about 1 µs a call is the wrapper's), per model-block, and the CPU of the
-worker's first scan per model (leasing and creating the registered models).  With ``--restore``
+main bookkeeping steps (each wrapped, so about 1 µs a call is the wrapper's), per model-block, with their wall
+time (more than the CPU where the worker waits: for Redis to run its commit scripts, say), and the CPU of the worker's
+first scan per model (leasing and creating the registered models).  With ``--restore``
 the worker then dies (its leases and heartbeat dropped, nothing flushed) and a new one restores every model: the new
 worker's CPU per model, and how many committed chunks each had to re-absorb since its stored state (a failover's
 cost, ``workers.worker.loop.Worker.state_due``).  Runs against any
@@ -46,18 +47,23 @@ from workers.worker import Worker
 from workers.worker.posterior import StreamPosteriors
 
 CPU: Counter[str] = Counter()
+WALL: Counter[str] = Counter()
 
 
 def timed(owner: Any, name: str, label: str) -> None:
-    """Replace ``owner.name`` by a wrapper adding its thread CPU seconds to ``CPU[label]``."""
-    fn: Callable[..., Any] = getattr(owner, name)
+    """Replace ``owner.name`` by a wrapper adding its thread CPU seconds to ``CPU[label]`` and its wall seconds to
+    ``WALL[label]`` (more than the CPU where the worker waits, e.g. for Redis to run its scripts)."""
+    fn: Callable[..., Any] | None = getattr(owner, name, None)
+    if fn is None:  # an older code base without this step
+        return
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.thread_time()
+        t0, w0 = time.thread_time(), time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             CPU[label] += time.thread_time() - t0
+            WALL[label] += time.perf_counter() - w0
 
     setattr(owner, name, wrapper)
 
@@ -70,6 +76,8 @@ STEPS = [
     (SegmentedEngine, "changepoint_bytes", "    engine changepoint_bytes"),
     (records, "evidence_event_head", "    evidence_event_head"),
     (Scripts, "commit_many", "  commit_many (Redis)"),
+    (Scripts, "send_commits", "  send_commits (packed and written)"),
+    (Scripts, "commit_replies", "  commit_replies (read: Redis's wait)"),
     (loop.detect, "detect", "  detect (alerts)"),
     (StreamPosteriors, "compute", "  stream posterior compute"),
     (Scripts, "set_leader", "  stream posterior set_leader"),
@@ -96,8 +104,9 @@ def main() -> None:
         timed(owner, name, label)
     settings = Settings(redis_url=args.redis_url, key_prefix=f"worker-costs-{uuid.uuid4().hex[:8]}", api_keys="")
     data = gmm_chunks(args.warm + args.chunks)
-    step_cpu = restore_cpu = load_cpu = 0.0
+    step_cpu = step_wall = restore_cpu = load_cpu = 0.0
     steps: dict[str, float] = {}
+    walls: dict[str, float] = {}
     unsaved: list[int] = []
     try:
         with TestClient(create_app(settings, workers=0)) as c:
@@ -111,21 +120,23 @@ def main() -> None:
             load_cpu = time.thread_time() - t0
             assert len(worker.leases.snapshot()) == args.models
 
-            def feed(chunks: list[dict], per_chunk: bool) -> float:
-                cpu = 0.0
+            def feed(chunks: list[dict], per_chunk: bool) -> tuple[float, float]:
+                cpu = wall = 0.0
                 for i, body in enumerate(chunks):
                     c.post("/v1/streams/s/chunks", json=body).raise_for_status()
                     if per_chunk or i == len(chunks) - 1:
-                        t0 = time.thread_time()
+                        t0, w0 = time.thread_time(), time.perf_counter()
                         while worker.step():
                             pass
                         cpu += time.thread_time() - t0
-                return cpu
+                        wall += time.perf_counter() - w0
+                return cpu, wall
 
             feed(data[: args.warm], args.per_chunk)
             CPU.clear()
-            step_cpu = feed(data[args.warm :], args.per_chunk)
-            steps = dict(CPU)  # the timed chunks' (a restore's re-absorbing adds to CPU)
+            WALL.clear()
+            step_cpu, step_wall = feed(data[args.warm :], args.per_chunk)
+            steps, walls = dict(CPU), dict(WALL)  # the timed chunks' (a restore's re-absorbing adds to CPU)
             if args.restore:
                 unsaved = [h.unsaved for h in worker.leases.snapshot()]
                 for h in worker.leases.snapshot():  # the worker dies: its leases and heartbeat expire
@@ -151,10 +162,11 @@ def main() -> None:
     print(
         f"{args.models} models, {args.chunks} chunks after {args.warm} ({mode}): "
         f"worker CPU {1000 * step_cpu / n:.3f} ms per model-block, engine {1000 * engine / n:.3f}, "
-        f"outside {1000 * (step_cpu - engine) / n:.3f}"
+        f"outside {1000 * (step_cpu - engine) / n:.3f}; wall {1000 * step_wall / n:.3f}"
     )
     for _, _, label in STEPS[1:]:
-        print(f"  {label:44s} {1e6 * steps.get(label, 0.0) / n:7.1f} us")
+        if label in steps:
+            print(f"  {label:44s} {1e6 * steps[label] / n:7.1f} us CPU {1e6 * walls[label] / n:7.1f} us wall")
     print(
         f"the worker's first scan (leases and creates every model): {1000 * load_cpu / args.models:.2f} ms of CPU "
         "per model"

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from tests.conftest import SMALL_MODEL
-from tests.integration.helpers import api_with_models, die, linear_chunks, run_until_idle, strip
+from tests.integration.helpers import api_with_models, die, linear_chunks, reference_trace, run_until_idle, strip
 from workers.engine import SINGLE_OBSERVATION_BLOCKS
 from workers.store.commit import Scripts
 from workers.store.keys import Keys
@@ -132,7 +132,7 @@ def test_next_holder_completes_an_interrupted_stream_posterior_update(api, setti
         assert api.post("/v1/streams/s/chunks", json=c).status_code == 202
     first = Worker(settings)
     # the worker dies after each commit, before its stream-posterior update
-    monkeypatch.setattr(first, "update_stream_posterior", lambda *args: None)
+    monkeypatch.setattr(first, "update_stream_posterior", lambda *args, **kwargs: None)
     run_until_idle(first)
     leader_key = Keys(settings.key_prefix).leader("default", "s")
     assert r.get(leader_key) is None and api.get("/v1/models/b/evidence").json()["chunks_processed"] == 2
@@ -436,3 +436,70 @@ def test_the_stream_observation_set_follows_commits_errors_and_deletes(api, sett
     assert r.zrange(obs_key, 0, -1, withscores=True) == [(b"a", 900.0)]
     assert api.delete("/v1/streams/s").status_code == 204
     assert not r.exists(obs_key)
+
+
+def test_a_rounds_commits_are_read_after_the_next_rounds_blocks(settings, r, monkeypatch):
+    """Worker.absorb_round sends a round's commits and reads their replies only after the next round's blocks
+    (Redis runs them meanwhile).  A model whose commit of round 0 does not land (its lease moved on while the
+    script was on its way) is dropped when that is read: the chunk it absorbed in round 1 meanwhile is never
+    committed, its checkpoint and trace stay as they were, and the worker holds it no longer.  The other model
+    commits its three chunks exactly once, with the trace an uninterrupted engine gives."""
+    import workers.worker.loop as loop
+    from workers.store.commit import Scripts as CommitScripts
+
+    keys = Keys(settings.key_prefix)
+    chunks = linear_chunks(3, 40, seed=5)
+    with api_with_models(settings, {"a": SMALL_MODEL, "b": SMALL_MODEL}) as c:
+        worker = Worker(settings)
+        run_until_idle(worker)  # leased, initial checkpoints committed
+        for body in chunks:  # all three read in one batch: three rounds
+            assert c.post("/v1/streams/s/chunks", json=body).status_code == 202
+        before = r.hgetall(keys.checkpoint("default", "a"))
+        send, order = CommitScripts.send_commits, []
+
+        def sending(self, calls):
+            order.append([call["model"] for call in calls])
+            if len(order) == 1:  # round 0: a's lease moves on before its commit runs
+                r.set(keys.lease("default", "a"), "another-worker")
+            return send(self, calls)
+
+        engine_a = worker.held["default/a"].engine
+        absorbed, blocks = [], loop.advance_blocks
+
+        def advancing(engines, *args, **kw):  # after which send a's engine absorbs a block
+            if engine_a in engines:
+                absorbed.append(len(order))
+            return blocks(engines, *args, **kw)
+
+        monkeypatch.setattr(CommitScripts, "send_commits", sending)
+        monkeypatch.setattr(loop, "advance_blocks", advancing)
+        run_until_idle(worker)
+        assert [sorted(models) for models in order] == [["a", "b"], ["b"], ["b"]]
+        assert absorbed[-1] == 1  # a absorbed its round-1 chunk after its round-0 commit went out, then dropped it
+        assert r.hgetall(keys.checkpoint("default", "a")) == before
+        assert r.zcard(keys.trace("default", "a")) == 0
+        assert "default/a" not in worker.held
+        assert int(r.hget(keys.checkpoint("default", "b"), "chunks")) == 3
+        trace = c.get("/v1/models/b/trace", params={"limit": 1000}).json()["items"]
+    assert strip(trace) == strip(reference_trace(SMALL_MODEL, chunks))
+
+
+def test_commits_sent_to_a_redis_without_the_script_run_once_it_is_loaded(settings, r):
+    """Commits are written as EVALSHA without waiting (workers.store.scripts.Sent); a Redis whose script cache lost
+    the commit script (restarted, or SCRIPT FLUSH) answers NOSCRIPT and runs nothing: the commits then run once, in
+    order, after the script is loaded."""
+    keys = Keys(settings.key_prefix)
+    scripts = Scripts(r, keys)
+    row = {"seq": 1, "first_index": 0, "block_observations": 1, "observations": 1, "seconds": 0.001}
+    calls = []
+    for m in ("m0", "m1"):
+        r.set(keys.lease("default", m), "token")
+        calls.append({"tenant": "default", "model": m, "stream": "s", "token": "token", "ttl_ms": 1000,
+                      "checkpoint": {"chunks": 1, "observations": 1}, "rows": [row], "events": [], "alerts": [],
+                      "observations": 1, "known": None})  # fmt: skip
+    r.script_flush()
+    assert not r.script_exists(scripts._commit.sha)[0]
+    assert scripts.commit_many(calls) == [None, None]
+    for m in ("m0", "m1"):
+        assert r.hget(keys.checkpoint("default", m), "chunks") == b"1" and r.zcard(keys.trace("default", m)) == 1
+    assert int(r.hget(keys.block_seconds, "count")) == 2

@@ -39,7 +39,15 @@ from typing import Any
 import redis
 
 from workers.store.keys import BLOCK_SECONDS_BUCKETS, Keys, counter_field
-from workers.store.scripts import COMMIT_LUA, LEADER_LUA, RELEASE_LUA, RENEW_LUA, STREAM_LUA, run_calls
+from workers.store.scripts import (
+    COMMIT_LUA,
+    LEADER_LUA,
+    RELEASE_LUA,
+    RENEW_LUA,
+    STREAM_LUA,
+    Sent,
+    send_calls,
+)
 
 
 @dataclass
@@ -70,6 +78,15 @@ def parse_state(reply: list) -> StreamState | None:
         (n.decode(), int(o), s.decode(), r, c) for n, o, s, r, c in zip(names, obs, status, rows, configs, strict=True)
     ]
     return StreamState(int(count), leader, models)
+
+
+@dataclass
+class SentCommits:
+    """Commits written to Redis, replies not read yet (:meth:`Scripts.send_commits`): the models of each script
+    call, in order, and the calls."""
+
+    models: list[list[str]]
+    sent: Sent
 
 
 #: Commits per ``lua/commit.lua`` call (:meth:`Scripts.commit_many`): enough to spread the client's cost of a
@@ -148,6 +165,12 @@ class Scripts:
         its commit before its first write: nothing of it written; the error of its script call).  A connection
         failure raises (nothing is known of any call).
         """
+        return self.commit_replies(self.send_commits(calls))
+
+    def send_commits(self, calls: list[dict[str, Any]]) -> SentCommits:
+        """:meth:`commit_many`'s commits written to Redis without waiting for their replies: Redis runs them while the
+        caller works on (the worker absorbs its next round), :meth:`commit_replies` reads them.  A connection failure
+        raises (nothing is known of any call)."""
         groups = [calls[i : i + COMMITS_PER_SCRIPT] for i in range(0, len(calls), COMMITS_PER_SCRIPT)]
         scripts = []
         for group in groups:
@@ -161,15 +184,19 @@ class Scripts:
                 keys += call_keys
                 body += [len(call_args), *call_args]
             scripts.append((keys, [len(group), len(known), *known, *body]))
-        replies = run_calls(self.r, self._commit, scripts)
+        models = [[call["model"] for call in group] for group in groups]
+        return SentCommits(models, send_calls(self.r, self._commit, scripts))
+
+    def commit_replies(self, sent: SentCommits) -> list[StreamState | None | Exception]:
+        """The replies of :meth:`send_commits`' commits, per call in order, as :meth:`commit_many` returns them."""
         out: list[StreamState | None | Exception] = []
-        for group, script_replies in zip(groups, replies, strict=True):
+        for models, script_replies in zip(sent.models, sent.sent.replies(), strict=True):
             if isinstance(script_replies, Exception):  # the script call failed: no commit of it ran
-                out += [script_replies] * len(group)
+                out += [script_replies] * len(models)
                 continue
-            for call, reply in zip(group, script_replies, strict=True):
+            for model, reply in zip(models, script_replies, strict=True):
                 if reply[0] == b"lost":
-                    out.append(LeaseLost(call["model"]))
+                    out.append(LeaseLost(model))
                 elif reply[0] == b"error":
                     out.append(redis.ResponseError(reply[1].decode(errors="replace")))
                 else:

@@ -50,3 +50,62 @@ def run_calls(r: redis.Redis, script: Any, calls: list[tuple[list[Any], list[Any
     for keys, args in calls:
         script(keys=keys, args=args, client=pipe)
     return pipe.execute(raise_on_error=False)
+
+
+class Sent:
+    """Script calls written to Redis whose replies are not read yet (:func:`send_calls`): Redis runs them while the
+    caller works on, and :meth:`replies` reads them.  The connection stays out of the pool until then."""
+
+    def __init__(self, r: redis.Redis, script: Any, calls: list[tuple[list[Any], list[Any]]]):
+        self.r, self.script, self.calls = r, script, calls
+        self.pool = r.connection_pool
+        self.conn: Any = self.pool.get_connection()
+        try:
+            commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+            self.conn.send_packed_command(self.conn.pack_commands(commands))
+        except BaseException:
+            self.conn.disconnect()
+            self.pool.release(self.conn)
+            raise
+
+    def replies(self) -> list[Any]:
+        """Per call its reply or the ``redis.ResponseError`` its script raised, as :func:`run_calls` returns them.
+        Calls that met a script cache without the script (``NOSCRIPT``: Redis restarted or flushed it; nothing of
+        them ran) are run again, in order, after loading it.  A connection failure raises (nothing is known of
+        any call)."""
+        if self.conn is None:
+            raise RuntimeError("the replies were read or dropped already")
+        out: list[Any] = []
+        try:
+            for _ in self.calls:
+                try:
+                    out.append(self.conn.read_response())
+                except redis.ResponseError as err:
+                    out.append(err)
+        except BaseException:
+            self.conn.disconnect()  # replies may be left unread: never back to the pool as it is
+            raise
+        finally:
+            self.pool.release(self.conn)
+            self.conn = None
+        missing = [i for i, v in enumerate(out) if isinstance(v, redis.exceptions.NoScriptError)]
+        if missing:
+            self.r.script_load(self.script.script)
+            for i, reply in zip(missing, run_calls(self.r, self.script, [self.calls[i] for i in missing]), strict=True):
+                out[i] = reply
+        return out
+
+    def drop(self) -> None:
+        """Give the connection back without reading the replies (the caller failed before it could): the connection
+        is closed, so no later command reads them.  Nothing is known of the calls.  Does nothing once read."""
+        if self.conn is not None:
+            self.conn.disconnect()
+            self.pool.release(self.conn)
+            self.conn = None
+
+
+def send_calls(r: redis.Redis, script: Any, calls: list[tuple[list[Any], list[Any]]]) -> Sent:
+    """Write one ``EVALSHA`` of the registered ``script`` per ``(keys, args)`` of ``calls`` in one write, without
+    waiting for the replies (:meth:`Sent.replies`; run in order, as :func:`run_calls` runs them).  A connection
+    failure raises (nothing was sent, or nothing is known)."""
+    return Sent(r, script, calls)

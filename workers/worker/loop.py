@@ -20,7 +20,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from workers.engine import block_bounds
 from workers.segmented import SegmentedEngine, advance_blocks
 from workers.stacking import rows_between
 from workers.store import records
-from workers.store.commit import LeaseLost, Scripts, StreamState
+from workers.store.commit import LeaseLost, Scripts, SentCommits, StreamState
 from workers.store.keys import Keys
 from workers.worker import detect
 from workers.worker.blocks import Block, RoundChunks, change_fields
@@ -367,18 +367,7 @@ class Worker(quarantine.QuarantineHooks):
                     active.append(h)
                 else:
                     self.failed(h, error)
-        r = 0
-        while active and not self.stop.is_set():
-            batch = [(h, pending[h.ref][r]) for h in active if r < len(pending[h.ref])]
-            if not batch:
-                break
-            self.beat_if_due()
-            # a model with more of its entries read in this batch commits this chunk without its state blob
-            # (stored with a later chunk, at least every checkpoint_every: see commit_call)
-            defer = {h.ref for h, _ in batch if r + 1 < len(pending[h.ref])}
-            done = set(self.absorb_round(batch, defer))
-            active = [h for h in active if h.ref in done]
-            r += 1
+        active = self._rounds(active, pending)
         if self.stop.is_set():  # stopped between rounds: the attempts not used up are given back
             for h in active:
                 with contextlib.suppress(redis.RedisError):
@@ -389,6 +378,36 @@ class Worker(quarantine.QuarantineHooks):
             if h.ref in self.held and not h.lost:
                 self.advance_many([h], alone=True)
         return any(pending.values())
+
+    def _rounds(self, active: list[Held], pending: dict[str, list[Any]]) -> list[Held]:
+        """:meth:`advance_many`'s rounds: round ``r`` absorbs the ``r``-th pending entry of each model of ``active``
+        that has one (:meth:`absorb_round`; its commits run in Redis during the next round's blocks).  Returns the
+        models that committed every round they took part in, the last one's commits read."""
+        r = 0
+        sent: _Round | None = None  # the last round's commits, written to Redis, replies not read yet
+        try:
+            while active and not self.stop.is_set():
+                batch = [(h, pending[h.ref][r]) for h in active if r < len(pending[h.ref])]
+                if not batch:
+                    break
+                self.beat_if_due()
+                # a model with more of its entries read in this batch commits this chunk without its state blob
+                # (stored with a later chunk, at least every checkpoint_every: see commit_call)
+                defer = {h.ref for h, _ in batch if r + 1 < len(pending[h.ref])}
+                sent = self.absorb_round(batch, defer, sent)
+                going = set(sent.refs())  # committed, or their commits sent: the models of the next round
+                active = [h for h in active if h.ref in going]
+                r += 1
+            if sent is not None:
+                done = set(self.settle_round(sent))
+                active = [h for h in active if h.ref in done]
+            return active
+        finally:  # an exception before the replies were read: read them still (the cursors follow what landed)
+            if sent is not None and not sent.settled:
+                try:
+                    self.settle_round(sent)
+                except Exception:
+                    sent.drop()  # nothing is known of those commits: the loop rereads its leases (Redis errors)
 
     def failed(self, h: Held, err: Exception) -> None:
         """Work on ``h`` raised ``err``: a lost lease drops the model (:meth:`lose`), any other model failure
@@ -404,13 +423,23 @@ class Worker(quarantine.QuarantineHooks):
         self.leases.drop(h.ref)
 
     def absorb_round(
-        self, batch: list[tuple[Held, tuple[bytes, dict[bytes, bytes]]]], defer: Collection[str] = ()
-    ) -> list[str]:
+        self,
+        batch: list[tuple[Held, tuple[bytes, dict[bytes, bytes]]]],
+        defer: Collection[str] = (),
+        previous: _Round | None = None,
+    ) -> _Round:
         """One chunk per model (``(held, (entry_id, fields))``): the chunks' blocks absorbed in stacked
         updates (block ``j`` of every model in one :func:`~workers.segmented.advance_blocks` call: all main
         populations and challengers, grouped by stack key inside), alerts detected, then ONE fenced commit
-        per model.  ``defer``: refs of models whose state blob may be left to a later chunk (:meth:`commit_call`).
-        Returns the refs of the models that committed (the others failed and were handled).
+        per model, sent (:meth:`send_round`): :meth:`settle_round` of the result reads the replies.  ``defer``: refs
+        of models whose state blob may be left to a later chunk (:meth:`commit_call`).
+
+        ``previous``: the round before, whose commits were sent and not read yet.  Redis runs them while this round's
+        blocks are absorbed (the worker waited for them before: 76 of 500 µs a model-block, ``bench/worker_costs.py``
+        at 128 models); their replies are read after the blocks and before anything else of this round goes to Redis.
+        A model whose commit did not land (its lease lost, its script failed) leaves this round: what it absorbed
+        here is dropped with it (its engine is discarded and restored from its checkpoint), nothing of it was
+        committed.
 
         A model's failure (its NumericalError, an exception of its own) fails that model only.  An exception
         of the stacked call itself (e.g. a block budget overrun, a MemoryError) cannot be attributed: the
@@ -420,6 +449,7 @@ class Worker(quarantine.QuarantineHooks):
         model-block).
         """
         work: list[_Chunk] = []
+        failures: list[tuple[Held, Exception]] = []  # applied once ``previous`` is read (they write to Redis)
         chunks = RoundChunks()  # each entry decoded once, validated once per layout, for all its models
         for h, (entry_id, fields) in batch:
             try:
@@ -430,7 +460,7 @@ class Worker(quarantine.QuarantineHooks):
                 work.append(_Chunk(h, entry_id, fields, int(fields[b"seq"]), int(fields[b"first_index"]), x, y,
                                    block_bounds(first, n, size), replay=replay))  # fmt: skip
             except Exception as err:
-                self.failed(h, err)
+                failures.append((h, err))
         alive = work
         j = 0
         while True:
@@ -456,14 +486,17 @@ class Worker(quarantine.QuarantineHooks):
                         bud.stop()
                     log.warning("worker %s: a stacked update of %d models failed (%s); one at a time",
                                 self.id, len(group), err)  # fmt: skip
-                    return self.absorb_alone(group) + self.finish_all([c for c in alive if c not in group], defer)
+                    landed = self._landed(previous, failures)  # the restores read what the previous round stored
+                    rest = [c for c in alive if c not in group and landed(c.h)]
+                    done = self.absorb_alone([c for c in group if landed(c.h)]) + self.finish_all(rest, defer)
+                    return _Round(done=done)
             finally:
                 for bud in budgets:
                     bud.stop()
             seconds = (time.perf_counter() - t0) / len(group)
             for c, (_, yb), res in zip(group, blocks, results, strict=True):
                 if isinstance(res, Exception):
-                    self.failed(c.h, res)
+                    failures.append((c.h, res))
                     c.failed = True
                     continue
                 a, _ = c.bounds[j]
@@ -473,7 +506,26 @@ class Worker(quarantine.QuarantineHooks):
                 c.blocks.append(Block(res, row))
             alive = [c for c in alive if not c.failed]
             j += 1
-        return self.finish_all(alive, defer)
+        running = not self.stop.is_set()
+        landed = self._landed(previous, failures)
+        if running and self.stop.is_set():  # stopped while the previous round's replies were read: as before the
+            # overlap, the worker stops after that round; this round's blocks go uncommitted (the engines with them)
+            return _Round(done=[c.h.ref for c in alive if landed(c.h)])
+        return self.send_round([c for c in alive if landed(c.h)], defer)
+
+    def _landed(self, previous: _Round | None, failures: list[tuple[Held, Exception]]) -> Callable[[Held], bool]:
+        """Read ``previous``'s replies (:meth:`settle_round`), then fail the models of ``failures`` whose previous
+        commit landed; returns whether a model's did (every model's without ``previous``).  What this round
+        absorbed for a model whose commit did not land is dropped (the model was failed or lost, its engine with it)."""
+        done = None if previous is None else set(self.settle_round(previous))
+
+        def landed(h: Held) -> bool:
+            return done is None or h.ref in done
+
+        for h, err in failures:
+            if landed(h):
+                self.failed(h, err)
+        return landed
 
     def absorb_alone(self, group: list[_Chunk]) -> list[str]:
         """The fallback of :meth:`absorb_round`: each model restored from its checkpoint (at the entry before its
@@ -493,21 +545,23 @@ class Worker(quarantine.QuarantineHooks):
             if c.replay:  # committed before: the restore above re-absorbed it (and every chunk to the cursor)
                 done.append(h.ref)
             elif h.cursor == cursor:  # else the next pass reads from the restored cursor
-                done += self.absorb_round([(h, (c.entry_id, c.fields))])
+                done += self.settle_round(self.absorb_round([(h, (c.entry_id, c.fields))]))
         return done
 
     def finish_all(self, chunks: list[_Chunk], defer: Collection[str] = ()) -> list[str]:
-        """Alerts and the fenced commits of a round's absorbed chunks: every commit of the round in ONE round
-        trip (:meth:`Scripts.commit_many`: each commit fenced by its own model's lease token, run by Redis in
-        order and atomically), then the stream posterior at each count a stream moved to, once,
-        from the state the last script that saw that count read.  Returns the refs of the models that committed
-        (the others failed or lost their lease, handled)."""
-        replayed = []
+        """:meth:`send_round` then :meth:`settle_round`: the round's commits run while the worker waits."""
+        return self.settle_round(self.send_round(chunks, defer))
+
+    def send_round(self, chunks: list[_Chunk], defer: Collection[str] = ()) -> _Round:
+        """Alerts and the fenced commits of a round's absorbed chunks: every commit of the round written to Redis in
+        ONE write (:meth:`Scripts.send_commits`: each commit fenced by its own model's lease token, run by Redis in
+        order and atomically), not waiting for the replies (:meth:`settle_round`).  A model whose commit could not
+        be formed fails here (handled)."""
+        rnd = _Round()
         for c in [c for c in chunks if c.replay]:
             _replayed(c)
-            replayed.append(c.h.ref)
+            rnd.done.append(c.h.ref)
         chunks = [c for c in chunks if not c.replay]
-        staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = []
         for c in chunks:
             h = c.h
             try:
@@ -519,14 +573,31 @@ class Worker(quarantine.QuarantineHooks):
                 rows = [b.row for b in c.blocks]
                 seconds = sum(row["seconds"] for row in rows)
                 call = self.commit_call(h, c.entry_id, c.seq, rows, found, with_state=self.state_due(h, defer, seconds))
-                staged.append((c, rows, found, call))
+                rnd.staged.append((c, rows, found, call))
             except Exception as err:
                 self.failed(h, err)
+        if rnd.staged:
+            try:
+                rnd.sent = self.scripts.send_commits([call for *_, call in rnd.staged])
+            except Exception as err:  # nothing is known of any commit (e.g. Redis unavailable: re-raised)
+                rnd.error = err
+        return rnd
+
+    def settle_round(self, rnd: _Round) -> list[str]:
+        """The replies of :meth:`send_round`'s commits, then the stream posterior at each count a stream moved to,
+        once, from the state the last script that saw that count read.  Returns the refs of the models that
+        committed (the others failed or lost their lease, handled), with those of ``rnd.done``."""
+        rnd.settled = True
+        staged = rnd.staged
         if not staged:
-            return replayed
+            return rnd.done
         try:
-            replies = self.scripts.commit_many([call for *_, call in staged])
+            if rnd.error is not None:
+                raise rnd.error
+            assert rnd.sent is not None
+            replies = self.scripts.commit_replies(rnd.sent)
         except Exception as err:  # nothing is known of any commit (e.g. Redis unavailable: re-raised)
+            rnd.drop()
             for c, *_ in staged:
                 self.failed(c.h, err)
             return []
@@ -539,7 +610,7 @@ class Worker(quarantine.QuarantineHooks):
             if isinstance(reply, StreamState):
                 update_at[(c.h.tenant, c.h.stream, reply.count)] = i
         updates = set(update_at.values())
-        done = []
+        done = list(rnd.done)
         for i, ((c, rows, found, call), reply) in enumerate(zip(staged, replies, strict=True)):
             try:
                 if isinstance(reply, LeaseLost):
@@ -547,7 +618,9 @@ class Worker(quarantine.QuarantineHooks):
                 if isinstance(reply, Exception):
                     raise reply
                 state = reply if i in updates else None
-                self.committed(c.h, c.entry_id, c.seq, rows, found, state, with_state="state" in call["checkpoint"])
+                ckpt = call["checkpoint"]  # the status it stored: the engine may have absorbed the next round since
+                self.committed(c.h, c.entry_id, c.seq, rows, found, state, with_state="state" in ckpt,
+                               status=(ckpt["status"], ckpt["error"] or None))  # fmt: skip
             except Exception as err:
                 self.failed(c.h, err)
                 continue
@@ -556,7 +629,7 @@ class Worker(quarantine.QuarantineHooks):
                 BLOCK_SECONDS.observe(row["seconds"])
             c.h.load.add(sum(row["seconds"] for row in rows), time.monotonic())  # the cost-weighted shares
             done.append(c.h.ref)
-        return replayed + done
+        return done
 
     def state_due(self, h: Held, defer: Collection[str], seconds: float) -> bool:
         """Whether ``h``'s next commit, of a chunk that took ``seconds`` of engine time, stores its state blob: at
@@ -643,18 +716,27 @@ class Worker(quarantine.QuarantineHooks):
         state: StreamState | None,
         *,
         with_state: bool,
+        status: tuple[str, str | None] | None = None,
     ) -> None:
-        """After ``h``'s commit: its cursor, the alert counters, the stream posterior when the count moved."""
+        """After ``h``'s commit: its cursor, the alert counters, the stream posterior when the count moved.
+        ``status``: the ``(status, error)`` the commit stored (None: the engine's now)."""
         h.cursor, h.chunks = cursor, seq
         h.unsaved = 0 if with_state else h.unsaved + 1
         h.unsaved_seconds = 0.0 if with_state else h.unsaved_seconds + sum(row["seconds"] for row in rows)
         for a in found:
             ALERTS.labels(a["kind"]).inc()
-        self.update_stream_posterior(h, state, rows)
+        self.update_stream_posterior(h, state, rows, status=status)
 
-    def update_stream_posterior(self, h: Held, state: StreamState | None, rows: list[dict[str, Any]]) -> None:
+    def update_stream_posterior(
+        self,
+        h: Held,
+        state: StreamState | None,
+        rows: list[dict[str, Any]],
+        *,
+        status: tuple[str, str | None] | None = None,
+    ) -> None:
         """:meth:`StreamPosteriors.update` (a method of the worker so that a test can make it fail)."""
-        self.posteriors.update(h, state, rows)
+        self.posteriors.update(h, state, rows, status=status)
 
     def record_error(self, h: Held, err: Exception) -> None:
         """Mark the model as failed (status "error" + message), publish it and the stream posterior without it,
@@ -687,6 +769,27 @@ class Worker(quarantine.QuarantineHooks):
             with contextlib.suppress(LeaseLost):
                 self.update_stream_posterior(h, self.posteriors.state(h), [])
         self.scripts.release(h.tenant, h.name, h.token)
+
+
+@dataclass(eq=False)
+class _Round:
+    """A round's commits (:meth:`Worker.send_round`) until their replies are read (:meth:`Worker.settle_round`)."""
+
+    done: list[str] = field(default_factory=list)  # refs settled already (replayed chunks, synchronous fallbacks)
+    # (chunk, its trace rows, its alerts, its commit call) per commit sent
+    staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = field(default_factory=list)
+    sent: SentCommits | None = None
+    error: Exception | None = None  # sending failed: nothing is known of any commit
+    settled: bool = False  # Worker.settle_round ran (or began)
+
+    def refs(self) -> list[str]:
+        """The models that committed in this round or whose commits were sent."""
+        return self.done + [c.h.ref for c, *_ in self.staged]
+
+    def drop(self) -> None:
+        """Close the connection of replies never to be read (:meth:`workers.store.scripts.Sent.drop`)."""
+        if self.sent is not None:
+            self.sent.sent.drop()
 
 
 @dataclass(eq=False)

@@ -51,11 +51,19 @@ class StreamPosteriors:
             got = self._contexts[(tenant, model)] = (cfg, comparison.model_context(cfg))
         return got[1]
 
-    def update(self, h: Held, state: StreamState | None, rows: list[dict[str, Any]]) -> None:
+    def update(
+        self,
+        h: Held,
+        state: StreamState | None,
+        rows: list[dict[str, Any]],
+        *,
+        status: tuple[str, str | None] | None = None,
+    ) -> None:
         """Store the stream posterior of ``state`` (leader record, ``posterior`` event, ``model_switch``
         alert); re-read and recompute while another worker moved the leader record first.  ``rows``: this
-        model's rows just committed (the commit script read the stream before writing them).  Nothing to
-        do when ``state`` is None.
+        model's rows just committed (the commit script read the stream before writing them); ``status``: the
+        ``(status, error)`` that commit stored (None: the engine's current one).  Nothing to do when ``state`` is
+        None.
 
         Raises
         ------
@@ -63,7 +71,7 @@ class StreamPosteriors:
             The lease no longer holds our token (nothing written).
         """
         while state is not None:
-            posterior, record, switch = self.compute(h, state, rows)
+            posterior, record, switch = self.compute(h, state, rows, status=status)
             if self.scripts.set_leader(
                 tenant=h.tenant,
                 model=h.name,
@@ -78,7 +86,7 @@ class StreamPosteriors:
             state = self.state(h)  # another worker moved the leader record first: re-read
 
     def _model_states(
-        self, h: Held, state: StreamState, rows: list[dict[str, Any]]
+        self, h: Held, state: StreamState, rows: list[dict[str, Any]], own: tuple[str, str | None] | None = None
     ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any] | None]]:
         """Each model's :func:`workers.store.records.model_state` (with the reason of a failed or degraded model, as
         ``GET /v1/streams/{stream}/posterior`` gives it) and its trace row ending at ``state.count`` (or None)."""
@@ -96,10 +104,13 @@ class StreamPosteriors:
             conf = h.cfg if m == h.name else cached[m]
             states[m] = records.model_state(conf, obs, status, None, context=self._context(t, m, conf))
             rows_n[m] = records.trace_row_at([raw_row], count) if raw_row else None
-        own = getattr(h.engine, "degraded", None)  # the script read h's status before this commit wrote it
+        # the script read h's status before this commit wrote it: the status the commit stored, else the engine's
         # (not while a restored engine is still behind its cursor, re-absorbing: the stored status is then the newer)
-        if h.name in states and h.engine is not None and h.replay_from is None:
-            states[h.name].update(status="degraded" if own else "ok", error=own or None)
+        if h.name in states and own is not None:
+            states[h.name].update(status=own[0], error=own[1])
+        elif h.name in states and h.engine is not None and h.replay_from is None:
+            reason = getattr(h.engine, "degraded", None)
+            states[h.name].update(status="degraded" if reason else "ok", error=reason or None)
         for row in rows:
             if row["observations"] == count:
                 rows_n[h.name] = row
@@ -113,7 +124,7 @@ class StreamPosteriors:
         return states, rows_n
 
     def compute(
-        self, h: Held, state: StreamState, rows: list[dict[str, Any]]
+        self, h: Held, state: StreamState, rows: list[dict[str, Any]], status: tuple[str, str | None] | None = None
     ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any] | None]:
         """Stream posterior at ``state.count``: (event body, or None if the count went down; leader record;
         ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above).
@@ -122,7 +133,7 @@ class StreamPosteriors:
         :func:`workers.comparison.switch_leader` (margin and hysteresis)."""
         t, count = h.tenant, state.count
         r, keys = self.scripts.r, self.scripts.keys
-        states, rows_n = self._model_states(h, state, rows)
+        states, rows_n = self._model_states(h, state, rows, status)
         scored = [m for m in states if states[m]["status"] != "error" and rows_n.get(m) is not None]
         conditioned_on = comparison.stream_context([st["context"] for st in states.values()])
         rows_c: dict[str, dict | None] = {}
