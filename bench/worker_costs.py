@@ -39,6 +39,7 @@ import workers.worker.loop as loop
 from models.gmm import GaussianMixture
 from service.app import create_app
 from workers.config import Settings
+from workers.quarantine import Attempts
 from workers.runner import quiet_gc
 from workers.segmented import SegmentedEngine
 from workers.store import records
@@ -71,11 +72,14 @@ def timed(owner: Any, name: str, label: str) -> None:
 STEPS = [
     (loop, "advance_blocks", "engine: advance_blocks"),
     (Worker, "finish_all", "finish_all (alerts, commits, posterior)"),
+    (Worker, "send_round", "send_round (alerts, commits staged and sent)"),
+    (Worker, "settle_round", "settle_round (commit replies, posterior)"),
     (Worker, "commit_call", "  commit_call (checkpoint, events)"),
     (SegmentedEngine, "to_bytes", "    engine to_bytes"),
     (SegmentedEngine, "changepoint_bytes", "    engine changepoint_bytes"),
     (records, "evidence_event_head", "    evidence_event_head"),
     (Scripts, "commit_many", "  commit_many (Redis)"),
+    (Attempts, "begin_many", "begin_many (attempts counted, Redis)"),
     (Scripts, "send_commits", "  send_commits (packed and written)"),
     (Scripts, "commit_replies", "  commit_replies (read: Redis's wait)"),
     (loop.detect, "detect", "  detect (alerts)"),
