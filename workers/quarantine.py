@@ -64,20 +64,32 @@ if TYPE_CHECKING:
 
 CRASH_REASON = "the worker process died"
 
-# KEYS: lease, attempts.  ARGV: token, cursor, model fingerprint, worker id, now (unix s), limit, what, attempt id.
-# Returns {'lost'} | {'exhausted', n, reason} | {'ok', n} (n = attempts at the cursor, this one included).
+# Count an attempt for several models in ONE script call (Attempts.begin_many), one after the other, each fenced by
+# its own lease token; an error of one (raised before its first write: its reads come first) is its own.
+# KEYS: lease, attempts per call.  ARGV: worker id, now (unix s), limit, what; then per call: token, cursor, model
+# fingerprint, attempt id.  Returns one reply per call: {'lost'} | {'exhausted', n, reason} | {'ok', n} (n = attempts
+# at the cursor, this one included) | {'error', message}.
 BEGIN_LUA = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'lost'} end
-local rec = redis.call('HMGET', KEYS[2], 'cursor', 'model', 'attempts', 'reason')
-local n, last = 0, ''
-if rec[1] == ARGV[2] and rec[2] == ARGV[3] then n = tonumber(rec[3]) or 0; last = rec[4] or '' end
--- an attempt that neither committed nor left a reason ended with its worker
-if last == '' then last = 'the worker process died' end
-if n >= tonumber(ARGV[6]) then return {'exhausted', n, last} end
-if n == 0 then last = '' end
-redis.call('HSET', KEYS[2], 'cursor', ARGV[2], 'model', ARGV[3], 'attempts', n + 1, 'reason', '', 'last', last,
-           'worker', ARGV[4], 'started_at', ARGV[5], 'what', ARGV[7], 'id', ARGV[8])
-return {'ok', n + 1}
+local function begin(lease, attempts, token, cursor, fp, id)
+  if redis.call('GET', lease) ~= token then return {'lost'} end
+  local rec = redis.call('HMGET', attempts, 'cursor', 'model', 'attempts', 'reason')
+  local n, last = 0, ''
+  if rec[1] == cursor and rec[2] == fp then n = tonumber(rec[3]) or 0; last = rec[4] or '' end
+  if last == '' then last = 'the worker process died' end
+  if n >= tonumber(ARGV[3]) then return {'exhausted', n, last} end
+  if n == 0 then last = '' end
+  redis.call('HSET', attempts, 'cursor', cursor, 'model', fp, 'attempts', n + 1, 'reason', '', 'last', last,
+             'worker', ARGV[1], 'started_at', ARGV[2], 'what', ARGV[4], 'id', id)
+  return {'ok', n + 1}
+end
+local replies = {}
+for i = 1, #KEYS / 2 do
+  local a = 4 * i
+  local ok, reply = pcall(begin, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+  if not ok then reply = {'error', type(reply) == 'table' and reply.err or tostring(reply)} end
+  replies[i] = reply
+end
+return replies
 """
 
 # KEYS: attempts.  ARGV: attempt id, reason ('' = give the attempt back), parked until (unix s, '' = not
@@ -185,6 +197,11 @@ def install_budget_check(engine: Any, budget: Budget) -> None:
         setattr(family, name, checked)
 
 
+#: Models per :data:`BEGIN_LUA` call (:meth:`Attempts.begin_many`), as :data:`workers.store.commit.COMMITS_PER_SCRIPT`:
+#: the client's cost of a command spread over many models, one call's arguments small and Redis held briefly.
+ATTEMPTS_PER_SCRIPT = 64
+
+
 class Attempts:
     """The fenced attempt record of each model (Redis), see the module docstring."""
 
@@ -213,21 +230,37 @@ class Attempts:
     def begin_many(
         self, calls: list[tuple[str, str, str, bytes, str]], limit: int, what: str
     ) -> list[tuple[int, str] | Exception]:
-        """:meth:`begin` for each ``(tenant, model, token, cursor, fp)`` of ``calls``, all in ONE pipelined
-        round trip (each script fenced by its own lease token, run by Redis in order).  Per call, in order: the
-        attempt's (number, id), or its exception (LeaseLost, Exhausted, a Redis error of its script: nothing
-        written for it).  A connection failure raises (nothing is known of any call).  One call is a plain
-        ``EVALSHA`` (a pipeline adds a ``SCRIPT EXISTS`` round trip)."""
+        """:meth:`begin` for each ``(tenant, model, token, cursor, fp)`` of ``calls``, all in ONE round trip,
+        :data:`ATTEMPTS_PER_SCRIPT` to a :data:`BEGIN_LUA` call (each fenced by its own lease token, run by Redis in
+        order).  Per call, in order: the attempt's (number, id), or its exception (LeaseLost, Exhausted, a Redis
+        error of its own: nothing written for it; or of its script call).  A connection failure raises (nothing is
+        known of any call)."""
         from workers.store.commit import LeaseLost
 
         ids = [secrets.token_hex(8) for _ in calls]
-        now = f"{time.time():.3f}"
-        scripts = [
-            ([self.keys.lease(tenant, model), attempts_key(self.keys, tenant, model)],
-             [token, cursor, fp, self.worker_id, now, limit, what, attempt_id])
-            for (tenant, model, token, cursor, fp), attempt_id in zip(calls, ids, strict=True)
-        ]  # fmt: skip
-        replies = run_calls(self.r, self._begin, scripts)
+        head = [self.worker_id, f"{time.time():.3f}", limit, what]
+        scripts = []
+        for i in range(0, len(calls), ATTEMPTS_PER_SCRIPT):
+            keys: list[str] = []
+            args: list[Any] = list(head)
+            for (tenant, model, token, cursor, fp), attempt_id in zip(
+                calls[i : i + ATTEMPTS_PER_SCRIPT], ids[i : i + ATTEMPTS_PER_SCRIPT], strict=True
+            ):
+                keys += [self.keys.lease(tenant, model), attempts_key(self.keys, tenant, model)]
+                args += [token, cursor, fp, attempt_id]
+            scripts.append((keys, args))
+        replies = []
+        for group, script_replies in zip(
+            range(0, len(calls), ATTEMPTS_PER_SCRIPT), run_calls(self.r, self._begin, scripts), strict=True
+        ):
+            n = len(calls[group : group + ATTEMPTS_PER_SCRIPT])
+            if isinstance(script_replies, Exception):  # the script call failed: no call of it ran
+                replies += [script_replies] * n
+                continue
+            replies += [
+                redis.ResponseError(res[1].decode(errors="replace")) if res[0] == b"error" else res
+                for res in script_replies
+            ]
         out: list[tuple[int, str] | Exception] = []
         for (_, model, *_), res, attempt_id in zip(calls, replies, ids, strict=True):
             if isinstance(res, Exception):

@@ -226,3 +226,33 @@ def test_a_worker_killed_while_loading_a_batch_quarantines_only_the_culprit(api,
     for name in ("a", "c"):
         assert evidence(api, name)["status"] == "ok"
         assert evidence(api, name)["chunks_processed"] == 1
+
+
+def test_attempts_of_many_models_are_counted_in_one_call_each_on_its_own(settings):
+    """Attempts.begin_many counts the attempts of many models in few script calls (ATTEMPTS_PER_SCRIPT each), each
+    model fenced by its own lease and answered on its own: a lost lease and a model out of attempts write nothing, a
+    model whose record raises (WRONGTYPE) gets its error while the models after it in the same call are counted."""
+    from workers.quarantine import ATTEMPTS_PER_SCRIPT, Exhausted
+    from workers.store.commit import LeaseLost
+
+    r, keys = redis.Redis.from_url(settings.redis_url), Keys(settings.key_prefix)
+    names = [f"m{i}" for i in range(ATTEMPTS_PER_SCRIPT + 5)]  # two script calls
+    for m in names:
+        r.set(keys.lease("default", m), "token")
+    r.set(keys.lease("default", "m1"), "other")  # m1: the lease moved on
+    r.hset(attempts_key(keys, "default", "m2"), mapping={"cursor": "1-0", "model": "fp", "attempts": 3})  # m2: spent
+    r.set(attempts_key(keys, "default", "m3"), "not a hash")  # m3: its record raises
+    attempts = Attempts(r, keys, "w")
+    got = attempts.begin_many([("default", m, "token", b"1-0", "fp") for m in names], 3, "block")
+    assert isinstance(got[1], LeaseLost) and isinstance(got[2], Exhausted)
+    assert isinstance(got[3], redis.ResponseError) and "WRONGTYPE" in str(got[3])
+    assert not r.exists(attempts_key(keys, "default", "m1"))
+    assert r.get(attempts_key(keys, "default", "m3")) == b"not a hash"
+    assert r.hget(attempts_key(keys, "default", "m2"), "attempts") == b"3"
+    for i, m in enumerate(names):
+        if i not in (1, 2, 3):
+            number, attempt_id = got[i]
+            assert number == 1 and r.hget(attempts_key(keys, "default", m), "id") == attempt_id.encode()
+    again = attempts.begin_many([("default", "m0", "token", b"1-0", "fp")], 3, "block")
+    assert again[0][0] == 2  # the same cursor: the second attempt
+    r.close()
