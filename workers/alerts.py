@@ -32,12 +32,11 @@ the stationary-trace false-alarm checks of tests/test_alerts.py; see bench/READM
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.changepoint import ChangepointSettings, baseline
+from workers.changepoint import ChangepointSettings, baseline, median
 
 
 class AlertSettings(BaseModel):
@@ -134,7 +133,7 @@ def detect(
             state.update(cusum=cusum, run=run)
     steps = state["steps"]
     if steps:
-        med_steps = max(statistics.median(steps), 1)
+        med_steps = max(median(steps), 1)
         if k >= settings.spike_min_steps and k >= settings.spike_factor * med_steps and not drop:
             alerts.append(
                 {

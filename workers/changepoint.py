@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -186,12 +187,12 @@ def baseline(values: list[float], rows: list[int], floor: float) -> tuple[float,
     floored at ``floor`` (the ``evidence_drop`` detector's baseline too, :mod:`workers.alerts`).  ``values`` must
     not be empty.
     """
-    med = _median(values)
+    med = median(values)
     if rows.count(rows[0]) == len(rows):  # a steady feed's blocks: one √n for all (the same products)
         root = math.sqrt(rows[0])
-        mad = _median([abs(v - med) * root for v in values])
+        mad = median([abs(v - med) * root for v in values])
     else:
-        mad = _median([abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True)])
+        mad = median([abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True)])
     return med, max(_MAD_TO_SD * mad, floor)
 
 
@@ -221,16 +222,17 @@ def baselines(segments: list[tuple[list[float], list[int], float]]) -> list[tupl
 
 
 def _middle(ordered: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Row ``i``'s median of its first ``counts[i]`` entries of ``ordered: [K, L]`` (rows sorted): :func:`_median`."""
+    """Row ``i``'s median of its first ``counts[i]`` entries of ``ordered: [K, L]`` (rows sorted): :func:`median`."""
     half = (counts // 2)[:, None]
     upper = ordered.gather(1, half)[:, 0]
     lower = ordered.gather(1, (half - 1).clamp(min=0))[:, 0]
     return torch.where(counts % 2 == 1, upper, (lower + upper) / 2)
 
 
-def _median(values: list[float]) -> float:
-    """``statistics.median`` of a non-empty list (its arithmetic: the mean of the middle two of an even count),
-    without its generic conversions: :func:`baseline` runs for every model after every block."""
+def median(values: Sequence[float]) -> float:
+    """``statistics.median`` of a non-empty list of numbers (its arithmetic: the middle one, or the mean of the middle
+    two of an even count), without its generic conversions: :func:`baseline` runs for every model after every block,
+    and the worker's alert detector too (:mod:`workers.alerts`)."""
     ordered = sorted(values)
     half = len(ordered) // 2
     return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
