@@ -66,7 +66,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 _MAD_TO_SD = 1.4826  # MAD of a normal sample × this = its standard deviation
@@ -194,39 +193,6 @@ def baseline(values: list[float], rows: list[int], floor: float) -> tuple[float,
     else:
         mad = median([abs(v - med) * math.sqrt(n) for v, n in zip(values, rows, strict=True)])
     return med, max(_MAD_TO_SD * mad, floor)
-
-
-def baselines(segments: list[tuple[list[float], list[int], float]]) -> list[tuple[float, float]]:
-    """:func:`baseline` of each ``(values, rows, floor)`` (``values`` not empty), the same numbers, computed for all in
-    a few tensor calls: sorted rows padded with +inf, the middle one or the mean of the middle two, and the
-    deviations' products with √n as :func:`baseline` forms them (subtraction, absolute value, product and square
-    root are exact-rounded IEEE operations, so each row's bits are its own).  Each block of a many-model stack needs
-    every model's: 15-20 µs each in Python (``bench/instruction_count.py``)."""
-    width = max(len(v) for v, _, _ in segments)
-    flat_values: list[float] = []
-    flat_rows: list[int] = []
-    for v, r, _ in segments:
-        pad = width - len(v)
-        flat_values += v
-        flat_values += [math.inf] * pad
-        flat_rows += r
-        flat_rows += [1] * pad
-    f64 = torch.float64
-    values = torch.tensor(flat_values, dtype=f64).view(len(segments), width)
-    roots = torch.tensor(flat_rows, dtype=f64).view(len(segments), width).sqrt()
-    counts = torch.tensor([len(v) for v, _, _ in segments])
-    med = _middle(values.sort(dim=1).values, counts)
-    mad = _middle(((values - med[:, None]).abs() * roots).sort(dim=1).values, counts)
-    floors = [floor for _, _, floor in segments]
-    return [(m, max(_MAD_TO_SD * d, f)) for m, d, f in zip(med.tolist(), mad.tolist(), floors, strict=True)]
-
-
-def _middle(ordered: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Row ``i``'s median of its first ``counts[i]`` entries of ``ordered: [K, L]`` (rows sorted): :func:`median`."""
-    half = (counts // 2)[:, None]
-    upper = ordered.gather(1, half)[:, 0]
-    lower = ordered.gather(1, (half - 1).clamp(min=0))[:, 0]
-    return torch.where(counts % 2 == 1, upper, (lower + upper) / 2)
 
 
 def median(values: Sequence[float]) -> float:

@@ -217,7 +217,6 @@ def _advance_once(
             out[k] = err
     live = [(k, st) for k, st in enumerate(steps) if st is not None]
     _stacked([(k, st, e, (st.xb, st.yb)) for k, st in live for e in st.jobs], out, heartbeat)
-    _prime_baselines([st.seg for k, st in live if isinstance(out[k], BlockInfo) and st.seg.cp.enabled])
     due: list[tuple[int, _Step, list[Any]]] = []  # the engines whose block starts a challenger, its populations
     for k, st in live:
         info = out[k]
@@ -247,21 +246,6 @@ def _advance_once(
                 out[k] = err
     assert all(v is not None for v in out)
     return out  # type: ignore[return-value]
-
-
-#: Engines whose segment baselines :func:`_prime_baselines` computes in one batch, at least (fewer: each alone)
-BATCHED_BASELINES = 8
-
-
-def _prime_baselines(segs: list[SegmentedEngine]) -> None:
-    """Fill the engines' :meth:`SegmentedEngine._baseline` caches for the block (each read by ``_after_main``) in
-    one :func:`workers.changepoint.baselines` call: the same numbers as each computes alone."""
-    todo = [seg for seg in segs if seg._baseline_stale()]
-    if len(todo) < BATCHED_BASELINES:
-        return
-    got = cp.baselines([(seg.state["values"], seg.state["rows"], seg.cp.noise_floor) for seg in todo])
-    for seg, base in zip(todo, got, strict=True):
-        seg._baseline_cache = (seg.state["values"], seg.state["rows"], base)
 
 
 def _started(
@@ -868,15 +852,10 @@ class SegmentedEngine:
         values, rows = self.state["values"], self.state["rows"]
         if not values:
             return None
-        if self._baseline_stale():
-            self._baseline_cache = (values, rows, cp.baseline(values, rows, self.cp.noise_floor))
-        assert self._baseline_cache is not None
-        return self._baseline_cache[2]
-
-    def _baseline_stale(self) -> bool:
-        """Whether :meth:`_baseline` has values and a cached value that is not theirs (:func:`_prime_baselines`)."""
-        values, cached = self.state["values"], self._baseline_cache
-        return bool(values) and (cached is None or cached[0] is not values or cached[1] is not self.state["rows"])
+        cached = self._baseline_cache
+        if cached is None or cached[0] is not values or cached[1] is not rows:
+            cached = self._baseline_cache = (values, rows, cp.baseline(values, rows, self.cp.noise_floor))
+        return cached[2]
 
     def _after_block(self, step: _Step) -> None:
         """The change posterior after every population absorbed the block: alerts, confirmation, pruning."""

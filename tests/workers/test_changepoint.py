@@ -68,23 +68,6 @@ def test_prune_drops_stale_challengers_whose_evidence_still_favours_no_change():
     assert cp.prune(starts, [10_000] * 3, lbfs, never) == [0, 1, 2]
 
 
-def test_batched_baselines_are_each_segments_own_bits():
-    """cp.baselines (every model of a stack in a few tensor calls) gives exactly cp.baseline's numbers, for odd and
-    even counts, equal and unequal block sizes, ties, and floors that bind or not: the change-point decisions of a
-    model may not depend on the stack it is in."""
-    g = torch.Generator().manual_seed(4)
-    segments = []
-    for n in range(1, 60):
-        values = (torch.randn(n, generator=g, dtype=torch.float64) * 3 - 1).tolist()
-        if n % 7 == 0:
-            values[: n // 2] = [values[0]] * (n // 2)  # ties
-        rows = [5] * n if n % 2 else torch.randint(1, 50, (n,), generator=g).tolist()
-        segments.append((values, rows, 0.7 if n % 3 else 5.0))
-    batched = cp.baselines(segments)
-    alone = [cp.baseline(v, r, f) for v, r, f in segments]
-    assert [tuple(map(float.hex, b)) for b in batched] == [tuple(map(float.hex, a)) for a in alone]
-
-
 def test_seeds_and_grid_are_deterministic():
     assert cp.challenger_seed(3, 100) == cp.challenger_seed(3, 100) != cp.challenger_seed(3, 101)
     assert cp.challenger_seed(3, 100) != cp.challenger_seed(4, 100)
