@@ -435,11 +435,11 @@ class Worker(quarantine.QuarantineHooks):
         of models whose state blob may be left to a later chunk (:meth:`commit_call`).
 
         ``previous``: the round before, whose commits were sent and not read yet.  Redis runs them while this round's
-        blocks are absorbed (the worker waited for them before: 76 of 500 µs a model-block, ``bench/worker_costs.py``
-        at 128 models); their replies are read after the blocks and before anything else of this round goes to Redis.
-        A model whose commit did not land (its lease lost, its script failed) leaves this round: what it absorbed
-        here is dropped with it (its engine is discarded and restored from its checkpoint), nothing of it was
-        committed.
+        blocks are absorbed (the worker waited for them before: 95 µs of about a millisecond per model-block at 128
+        models, ``python bench/worker_costs.py --warm 0``); their replies are read after the blocks and before
+        anything else of this round goes to Redis.  A model whose commit did not land (its lease lost, its script
+        failed) leaves this round: what it absorbed here is dropped with it (its engine is discarded and restored
+        from its checkpoint), nothing of it was committed.
 
         A model's failure (its NumericalError, an exception of its own) fails that model only.  An exception
         of the stacked call itself (e.g. a block budget overrun, a MemoryError) cannot be attributed: the
@@ -775,7 +775,9 @@ class Worker(quarantine.QuarantineHooks):
 class _Round:
     """A round's commits (:meth:`Worker.send_round`) until their replies are read (:meth:`Worker.settle_round`)."""
 
-    done: list[str] = field(default_factory=list)  # refs settled already (replayed chunks, synchronous fallbacks)
+    # refs settled already: replayed chunks, a fallback's synchronous commits; on a stop (Worker.absorb_round), the
+    # models whose previous commit landed, this round's blocks dropped
+    done: list[str] = field(default_factory=list)
     # (chunk, its trace rows, its alerts, its commit call) per commit sent
     staged: list[tuple[_Chunk, list[dict], list[dict], dict[str, Any]]] = field(default_factory=list)
     sent: SentCommits | None = None
