@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 import redis
@@ -457,11 +458,11 @@ def test_a_rounds_commits_are_read_after_the_next_rounds_blocks(settings, r, mon
         before = r.hgetall(keys.checkpoint("default", "a"))
         send, order = CommitScripts.send_commits, []
 
-        def sending(self, calls):
+        def sending(self, calls, *args):
             order.append([call["model"] for call in calls])
             if len(order) == 1:  # round 0: a's lease moves on before its commit runs
                 r.set(keys.lease("default", "a"), "another-worker")
-            return send(self, calls)
+            return send(self, calls, *args)
 
         engine_a = worker.held["default/a"].engine
         absorbed, blocks = [], loop.advance_blocks
@@ -503,3 +504,36 @@ def test_commits_sent_to_a_redis_without_the_script_run_once_it_is_loaded(settin
     for m in ("m0", "m1"):
         assert r.hget(keys.checkpoint("default", m), "chunks") == b"1" and r.zcard(keys.trace("default", m)) == 1
     assert int(r.hget(keys.block_seconds, "count")) == 2
+
+
+def test_a_rounds_commits_are_written_as_they_are_staged(settings, r, monkeypatch):
+    """Worker.send_round writes every COMMITS_PER_SCRIPT staged commits at once, on one connection, so Redis runs
+    them while the worker stages the next: with two per write and three models, the first two commits go out before
+    the third is formed, and all three land once."""
+    import workers.worker.loop as loop
+    from workers.store.commit import Scripts as CommitScripts
+
+    monkeypatch.setattr(loop, "COMMITS_PER_SCRIPT", 2)
+    keys = Keys(settings.key_prefix)
+    with api_with_models(settings, {m: SMALL_MODEL for m in ("a", "b", "c")}) as c:
+        worker = Worker(settings)
+        run_until_idle(worker)
+        assert c.post("/v1/streams/s/chunks", json=linear_chunks(1, 40, seed=6)[0]).status_code == 202
+        events: list[tuple[str, Any]] = []
+        send, call = CommitScripts.send_commits, Worker.commit_call
+
+        def sending(self, calls, *args):
+            events.append(("send", sorted(x["model"] for x in calls)))
+            return send(self, calls, *args)
+
+        def forming(self, h, *args, **kw):
+            events.append(("form", h.name))
+            return call(self, h, *args, **kw)
+
+        monkeypatch.setattr(CommitScripts, "send_commits", sending)
+        monkeypatch.setattr(Worker, "commit_call", forming)
+        run_until_idle(worker)
+        assert [kind for kind, _ in events] == ["form", "form", "send", "form", "send"]
+        assert sorted(sum((v for kind, v in events if kind == "send"), [])) == ["a", "b", "c"]
+        for m in ("a", "b", "c"):
+            assert r.hget(keys.checkpoint("default", m), "chunks") == b"1" and r.zcard(keys.trace("default", m)) > 0

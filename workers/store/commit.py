@@ -167,10 +167,11 @@ class Scripts:
         """
         return self.commit_replies(self.send_commits(calls))
 
-    def send_commits(self, calls: list[dict[str, Any]]) -> SentCommits:
+    def send_commits(self, calls: list[dict[str, Any]], after: SentCommits | None = None) -> SentCommits:
         """:meth:`commit_many`'s commits written to Redis without waiting for their replies: Redis runs them while the
-        caller works on (the worker absorbs its next round), :meth:`commit_replies` reads them.  A connection failure
-        raises (nothing is known of any call)."""
+        caller works on (the worker stages its next commits, or absorbs its next round), :meth:`commit_replies` reads
+        them.  With ``after``, written on its connection after its commits and returned as one with them (their
+        replies are read together).  A connection failure raises (nothing is known of any call)."""
         groups = [calls[i : i + COMMITS_PER_SCRIPT] for i in range(0, len(calls), COMMITS_PER_SCRIPT)]
         scripts = []
         for group in groups:
@@ -185,7 +186,11 @@ class Scripts:
                 body += [len(call_args), *call_args]
             scripts.append((keys, [len(group), len(known), *known, *body]))
         models = [[call["model"] for call in group] for group in groups]
-        return SentCommits(models, send_calls(self.r, self._commit, scripts))
+        if after is None:
+            return SentCommits(models, send_calls(self.r, self._commit, scripts))
+        after.sent.send(scripts)
+        after.models += models
+        return after
 
     def commit_replies(self, sent: SentCommits) -> list[StreamState | None | Exception]:
         """The replies of :meth:`send_commits`' commits, per call in order, as :meth:`commit_many` returns them."""

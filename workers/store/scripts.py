@@ -57,16 +57,25 @@ class Sent:
     caller works on, and :meth:`replies` reads them.  The connection stays out of the pool until then."""
 
     def __init__(self, r: redis.Redis, script: Any, calls: list[tuple[list[Any], list[Any]]]):
-        self.r, self.script, self.calls = r, script, calls
+        self.r, self.script = r, script
+        self.calls: list[tuple[list[Any], list[Any]]] = []
         self.pool = r.connection_pool
         self.conn: Any = self.pool.get_connection()
+        self.send(calls)
+
+    def send(self, calls: list[tuple[list[Any], list[Any]]]) -> None:
+        """Write more calls on the same connection, after those sent before (Redis runs them in that order; their
+        replies come after the earlier ones').  A connection failure raises, the connection closed (nothing is known
+        of any call)."""
+        if self.conn is None:
+            raise RuntimeError("the replies were read or dropped already")
         try:
-            commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+            commands = [("EVALSHA", self.script.sha, len(keys), *keys, *args) for keys, args in calls]
             self.conn.send_packed_command(self.conn.pack_commands(commands))
         except BaseException:
-            self.conn.disconnect()
-            self.pool.release(self.conn)
+            self.drop()
             raise
+        self.calls += calls
 
     def replies(self) -> list[Any]:
         """Per call its reply or the ``redis.ResponseError`` its script raised, as :func:`run_calls` returns them.

@@ -32,7 +32,7 @@ from workers.engine import block_bounds
 from workers.segmented import SegmentedEngine, advance_blocks
 from workers.stacking import rows_between
 from workers.store import records
-from workers.store.commit import LeaseLost, Scripts, SentCommits, StreamState
+from workers.store.commit import COMMITS_PER_SCRIPT, LeaseLost, Scripts, SentCommits, StreamState
 from workers.store.keys import Keys
 from workers.worker import detect
 from workers.worker.blocks import Block, RoundChunks, change_fields
@@ -553,34 +553,44 @@ class Worker(quarantine.QuarantineHooks):
         return self.settle_round(self.send_round(chunks, defer))
 
     def send_round(self, chunks: list[_Chunk], defer: Collection[str] = ()) -> _Round:
-        """Alerts and the fenced commits of a round's absorbed chunks: every commit of the round written to Redis in
-        ONE write (:meth:`Scripts.send_commits`: each commit fenced by its own model's lease token, run by Redis in
-        order and atomically), not waiting for the replies (:meth:`settle_round`).  A model whose commit could not
-        be formed fails here (handled)."""
+        """Alerts and the fenced commits of a round's absorbed chunks, written to Redis on one connection as they are
+        staged, :data:`~workers.store.commit.COMMITS_PER_SCRIPT` at a time (:meth:`Scripts.send_commits`: each commit
+        fenced by its own model's lease token, run by Redis in order and atomically), so Redis runs the first ones
+        while the worker stages the next, and nobody waits for the replies (:meth:`settle_round`).  A model whose
+        commit could not be formed fails here (handled)."""
         rnd = _Round()
         for c in [c for c in chunks if c.replay]:
             _replayed(c)
             rnd.done.append(c.h.ref)
         chunks = [c for c in chunks if not c.replay]
-        for c in chunks:
-            h = c.h
-            try:
-                h.detector, found = detect.detect(
-                    h.detector, h.alert_settings(), c.blocks, stream=h.stream, model=h.name
-                )
-                if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
-                    found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
-                rows = [b.row for b in c.blocks]
-                seconds = sum(row["seconds"] for row in rows)
-                call = self.commit_call(h, c.entry_id, c.seq, rows, found, with_state=self.state_due(h, defer, seconds))
-                rnd.staged.append((c, rows, found, call))
-            except Exception as err:
-                self.failed(h, err)
-        if rnd.staged:
-            try:
-                rnd.sent = self.scripts.send_commits([call for *_, call in rnd.staged])
-            except Exception as err:  # nothing is known of any commit (e.g. Redis unavailable: re-raised)
-                rnd.error = err
+        unsent = 0  # staged commits not written yet: every COMMITS_PER_SCRIPT, Redis runs them while more are staged
+        try:
+            for i, c in enumerate(chunks):
+                h = c.h
+                try:
+                    h.detector, found = detect.detect(
+                        h.detector, h.alert_settings(), c.blocks, stream=h.stream, model=h.name
+                    )
+                    if isinstance(h.engine, SegmentedEngine):  # change_point alerts of the challengers (issue 12)
+                        found += [{**a, "stream": h.stream, "model": h.name} for a in h.engine.take_alerts()]
+                    rows = [b.row for b in c.blocks]
+                    seconds = sum(row["seconds"] for row in rows)
+                    due = self.state_due(h, defer, seconds)
+                    rnd.staged.append(
+                        (c, rows, found, self.commit_call(h, c.entry_id, c.seq, rows, found, with_state=due))
+                    )
+                    unsent += 1
+                except Exception as err:
+                    self.failed(h, err)  # a model's failure is handled; a Redis error is raised (below)
+                if unsent and (unsent == COMMITS_PER_SCRIPT or i == len(chunks) - 1) and rnd.error is None:
+                    try:
+                        rnd.sent = self.scripts.send_commits([call for *_, call in rnd.staged[-unsent:]], rnd.sent)
+                    except Exception as err:  # nothing is known of any commit (e.g. Redis unavailable: re-raised)
+                        rnd.error = err
+                    unsent = 0
+        except BaseException:
+            rnd.drop()  # commits in flight whose replies will not be read: nothing is known of them (the loop rereads)
+            raise
         return rnd
 
     def settle_round(self, rnd: _Round) -> list[str]:
