@@ -69,16 +69,8 @@ class History:
         B = y.shape[0]
         if B == 0:
             return
-        a, buf = self.size, self.y
-        if self.capacity is None and buf is not None and a + B <= buf.shape[0]:  # the usual case: room in the buffer
-            buf[a : a + B].copy_(y)
-            if self.x is not None:
-                assert x is not None  # a history with covariates gets blocks with covariates
-                self.x[a : a + B].copy_(x)
-            self.size += B
-            self.seen += B
-            return
-        self._ensure(x, y, B)
+        if self.capacity is not None or self.y is None or self.size + B > self.y.shape[0]:  # else room already
+            self._ensure(x, y, B)
         buf_x, buf_y = self.x, self.y
         assert buf_y is not None  # allocated by _ensure
         take = B if self.capacity is None else max(0, min(B, self.capacity - self.size))

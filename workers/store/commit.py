@@ -83,7 +83,7 @@ def parse_state(reply: list) -> StreamState | None:
 @dataclass
 class SentCommits:
     """Commits written to Redis, replies not read yet (:meth:`Scripts.send_commits`): the models of each script
-    call, in order, and the calls."""
+    call, in order, and the written calls (their connection, where the replies are read)."""
 
     models: list[list[str]]
     sent: Sent

@@ -38,7 +38,7 @@ from workers.worker import detect
 from workers.worker.blocks import Block, RoundChunks, change_fields
 from workers.worker.leases import Heartbeat, Held, Leases
 from workers.worker.metrics import ALERTS, BLOCK_SECONDS, LEASES, OBSERVATIONS
-from workers.worker.posterior import StreamPosteriors
+from workers.worker.posterior import CommittedStatus, StreamPosteriors
 from workers.worker.restore import fresh_engines, restore, restore_from
 
 log = logging.getLogger("sgais.worker")
@@ -726,7 +726,7 @@ class Worker(quarantine.QuarantineHooks):
         state: StreamState | None,
         *,
         with_state: bool,
-        status: tuple[str, str | None] | None = None,
+        status: CommittedStatus | None = None,
     ) -> None:
         """After ``h``'s commit: its cursor, the alert counters, the stream posterior when the count moved.
         ``status``: the ``(status, error)`` the commit stored (None: the engine's now)."""
@@ -743,7 +743,7 @@ class Worker(quarantine.QuarantineHooks):
         state: StreamState | None,
         rows: list[dict[str, Any]],
         *,
-        status: tuple[str, str | None] | None = None,
+        status: CommittedStatus | None = None,
     ) -> None:
         """:meth:`StreamPosteriors.update` (a method of the worker so that a test can make it fail)."""
         self.posteriors.update(h, state, rows, status=status)

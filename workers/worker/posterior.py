@@ -13,6 +13,9 @@ from workers.store.commit import Scripts, StreamState
 from workers.worker.detect import alert_record
 from workers.worker.leases import Held
 
+#: ``(status, error)`` as a commit stored them in the checkpoint (``"ok"`` or ``"degraded"``; the reason or None)
+CommittedStatus = tuple[str, str | None]
+
 
 class StreamPosteriors:
     """Computes and stores stream posteriors; caches the models' configs (immutable while a model
@@ -57,7 +60,7 @@ class StreamPosteriors:
         state: StreamState | None,
         rows: list[dict[str, Any]],
         *,
-        status: tuple[str, str | None] | None = None,
+        status: CommittedStatus | None = None,
     ) -> None:
         """Store the stream posterior of ``state`` (leader record, ``posterior`` event, ``model_switch``
         alert); re-read and recompute while another worker moved the leader record first.  ``rows``: this
@@ -86,7 +89,7 @@ class StreamPosteriors:
             state = self.state(h)  # another worker moved the leader record first: re-read
 
     def _model_states(
-        self, h: Held, state: StreamState, rows: list[dict[str, Any]], own: tuple[str, str | None] | None = None
+        self, h: Held, state: StreamState, rows: list[dict[str, Any]], own: CommittedStatus | None = None
     ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any] | None]]:
         """Each model's :func:`workers.store.records.model_state` (with the reason of a failed or degraded model, as
         ``GET /v1/streams/{stream}/posterior`` gives it) and its trace row ending at ``state.count`` (or None)."""
@@ -124,7 +127,7 @@ class StreamPosteriors:
         return states, rows_n
 
     def compute(
-        self, h: Held, state: StreamState, rows: list[dict[str, Any]], status: tuple[str, str | None] | None = None
+        self, h: Held, state: StreamState, rows: list[dict[str, Any]], status: CommittedStatus | None = None
     ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any] | None]:
         """Stream posterior at ``state.count``: (event body, or None if the count went down; leader record;
         ``model_switch`` alert or None).  ``rows``: this model's rows not yet in ``state`` (see above).
